@@ -1,0 +1,59 @@
+# smallinit: `make sweep` runs the main job, `make test` the tests. Both install on first use.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+# The torch build is a choice made here, not a hard requirement of the package:
+# on a machine without an NVIDIA GPU we pin the CPU wheel (a loose spec would pull a
+# multi-GB CUDA build); with `nvidia-smi` present we take PyPI's default CUDA build.
+# Override with e.g. `make install TORCH_SPEC='torch==2.13.0' TORCH_INDEX=https://.../cu128`.
+HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo 1)
+TORCH_SPEC ?= $(if $(HAS_GPU),torch,torch==2.13.0)
+TORCH_INDEX ?=
+PIP_TORCH_INDEX := $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX),)
+
+SWEEP ?=
+ARGS ?=
+
+.PHONY: help install sweep run test test-full report bench lint dashboard clean
+
+help: ## Show this help
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+
+install: $(STAMP) ## Create ./.venv with torch ($(TORCH_SPEC)) and smallinit
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q $(PIP_TORCH_INDEX) "$(TORCH_SPEC)"
+	$(PY) -m pip install -q -e '.[dev]'
+	@touch $(STAMP)
+
+sweep: install ## Run the main sweep: gamma x eps on the CPU default model (ARGS=... to override)
+	$(PY) sweep.py -m $(ARGS)
+
+run: install ## Train one trial with the defaults (ARGS=... to override)
+	$(PY) sweep.py $(ARGS)
+
+test: install ## Run the tests (not marked slow)
+	$(PY) -m pytest -m "not slow" $(ARGS)
+
+test-full: install ## Run every test, slow ones included
+	$(PY) -m pytest $(ARGS)
+
+report: install ## Build the HTML report of the newest sweep (or SWEEP=dir[,dir...])
+	$(PY) -m experiments.report $(if $(SWEEP),--sweep $(SWEEP),) $(ARGS)
+
+bench: install ## Run the benchmarks, write bench/results.json and bench/results.md
+	$(PY) -m bench $(ARGS)
+
+lint: install ## ruff check
+	$(VENV)/bin/ruff check .
+
+dashboard: install ## Open optuna-dashboard on the newest sweep's study
+	$(PY) -m pip install -q optuna-dashboard
+	$(VENV)/bin/optuna-dashboard $$($(PY) -m sweeper.storage --newest-url)
+
+clean: ## Remove build and test debris (keeps sweeps, reports and the venv)
+	rm -rf .pytest_cache .ruff_cache build *.egg-info

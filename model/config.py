@@ -1,0 +1,244 @@
+"""Model configuration: one dataclass, validated on construction, with named presets.
+
+Every invalid value raises `ConfigError` naming the field, the value and what is allowed,
+so a bad sweep fails on the driver before any trial is scheduled.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+NORM_TYPES = ("rmsnorm", "layernorm")
+GATE_TYPES = ("none", "headwise", "elementwise")
+FFN_TYPES = ("dense", "moe")
+
+
+class ConfigError(ValueError):
+    """A configuration value is out of range; the message names key, value and what is allowed."""
+
+
+def _require(ok: bool, key: str, value: Any, allowed: str) -> None:
+    if not ok:
+        raise ConfigError(f"{key}={value!r} is invalid: {allowed}")
+
+
+def _positive_int(key: str, value: Any) -> None:
+    _require(
+        isinstance(value, int) and not isinstance(value, bool) and value > 0,
+        key,
+        value,
+        "must be a positive integer",
+    )
+
+
+def _finite_number(key: str, value: Any) -> None:
+    _require(
+        isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value),
+        key,
+        value,
+        "must be a finite number",
+    )
+
+
+@dataclass(frozen=True)
+class NormConfig:
+    type: str = "rmsnorm"
+    # The paper's fix for norm saturation is eps=1e-12; 1e-5 is the common Llama default.
+    eps: float = 1e-5
+
+    def __post_init__(self) -> None:
+        _require(self.type in NORM_TYPES, "norm.type", self.type, f"one of {list(NORM_TYPES)}")
+        _finite_number("norm.eps", self.eps)
+        _require(self.eps >= 0, "norm.eps", self.eps, "must be >= 0")
+
+
+@dataclass(frozen=True)
+class AttnConfig:
+    # Qiu et al. (2505.06708) G1 gate on the SDPA output: one scalar per head ("headwise")
+    # or one per channel ("elementwise", the Qwen3-Next form).
+    gate: str = "none"
+
+    def __post_init__(self) -> None:
+        _require(self.gate in GATE_TYPES, "attn.gate", self.gate, f"one of {list(GATE_TYPES)}")
+
+
+@dataclass(frozen=True)
+class FFNConfig:
+    type: str = "dense"
+    n_experts: int = 8
+    top_k: int = 2
+    aux_loss_coef: float = 0.01
+    # Hidden size of each expert; None means the model's d_ff.
+    d_expert: int | None = None
+
+    def __post_init__(self) -> None:
+        _require(self.type in FFN_TYPES, "ffn.type", self.type, f"one of {list(FFN_TYPES)}")
+        _positive_int("ffn.n_experts", self.n_experts)
+        _positive_int("ffn.top_k", self.top_k)
+        _require(
+            self.top_k <= self.n_experts,
+            "ffn.top_k",
+            self.top_k,
+            f"must be <= ffn.n_experts ({self.n_experts})",
+        )
+        _finite_number("ffn.aux_loss_coef", self.aux_loss_coef)
+        _require(self.aux_loss_coef >= 0, "ffn.aux_loss_coef", self.aux_loss_coef, "must be >= 0")
+        if self.d_expert is not None:
+            _positive_int("ffn.d_expert", self.d_expert)
+
+
+# Parameter groups whose gamma can be overridden individually (None = use init.gamma).
+INIT_GROUPS = ("embedding", "lm_head", "attn_out", "mlp_out")
+
+
+@dataclass(frozen=True)
+class InitConfig:
+    # std = d_in ** -gamma for every weight matrix; 0.5 is the LeCun/Xavier-like standard,
+    # 1.0 the paper's "small" initialisation.
+    gamma: float = 1.0
+    seed: int = 0
+    embedding_gamma: float | None = None
+    lm_head_gamma: float | None = None
+    attn_out_gamma: float | None = None
+    mlp_out_gamma: float | None = None
+
+    def __post_init__(self) -> None:
+        for key in ("gamma", *(f"{g}_gamma" for g in INIT_GROUPS)):
+            value = getattr(self, key)
+            if value is None and key != "gamma":
+                continue
+            _finite_number(f"init.{key}", value)
+            _require(value > 0, f"init.{key}", value, "must be > 0")
+        _require(
+            isinstance(self.seed, int) and not isinstance(self.seed, bool) and self.seed >= 0,
+            "init.seed",
+            self.seed,
+            "must be a non-negative integer",
+        )
+
+    def gamma_for(self, group: str | None) -> float:
+        """The gamma of a parameter group; groups without an override use `gamma`."""
+        if group is None:
+            return self.gamma
+        override = getattr(self, f"{group}_gamma")
+        return self.gamma if override is None else override
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    d_model: int = 256
+    n_layers: int = 4
+    n_heads: int = 4
+    n_kv_heads: int | None = None  # None = n_heads (no GQA)
+    d_ff: int = 688
+    vocab_size: int = 4096
+    max_seq_len: int = 256
+    rope_theta: float = 10000.0
+    tie_embeddings: bool = False
+    norm: NormConfig = field(default_factory=NormConfig)
+    attn: AttnConfig = field(default_factory=AttnConfig)
+    ffn: FFNConfig = field(default_factory=FFNConfig)
+    init: InitConfig = field(default_factory=InitConfig)
+
+    def __post_init__(self) -> None:
+        for key in ("d_model", "n_layers", "n_heads", "d_ff", "vocab_size", "max_seq_len"):
+            _positive_int(f"model.{key}", getattr(self, key))
+        if self.n_kv_heads is None:
+            object.__setattr__(self, "n_kv_heads", self.n_heads)
+        _positive_int("model.n_kv_heads", self.n_kv_heads)
+        _require(
+            self.d_model % self.n_heads == 0,
+            "model.n_heads",
+            self.n_heads,
+            f"must divide model.d_model ({self.d_model})",
+        )
+        _require(
+            self.n_heads % self.n_kv_heads == 0,
+            "model.n_kv_heads",
+            self.n_kv_heads,
+            f"must divide model.n_heads ({self.n_heads})",
+        )
+        _require(self.head_dim % 2 == 0, "model.n_heads", self.n_heads, "must leave an even head_dim for RoPE")
+        _finite_number("model.rope_theta", self.rope_theta)
+        _require(self.rope_theta > 0, "model.rope_theta", self.rope_theta, "must be > 0")
+        for key, cls in (("norm", NormConfig), ("attn", AttnConfig), ("ffn", FFNConfig), ("init", InitConfig)):
+            _require(isinstance(getattr(self, key), cls), f"model.{key}", getattr(self, key), f"must be a {cls.__name__}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    @property
+    def d_expert(self) -> int:
+        return self.ffn.d_expert or self.d_ff
+
+    def replace(self, **changes: Any) -> ModelConfig:
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def preset(cls, name: str, **overrides: Any) -> ModelConfig:
+        """A named size (see PRESETS), with any field replaced by `overrides`."""
+        if name not in PRESETS:
+            raise ConfigError(f"model.preset={name!r} is invalid: one of {sorted(PRESETS)}")
+        return dataclasses.replace(PRESETS[name], **overrides)
+
+    def num_params(self, active: bool = False) -> int:
+        """Parameter count from the shapes alone (matches the built model, tested).
+
+        active=True counts only the top_k experts a token passes through (MoE).
+        """
+        d, hd = self.d_model, self.head_dim
+        attn = d * self.n_heads * hd + 2 * d * self.n_kv_heads * hd + self.n_heads * hd * d
+        if self.attn.gate == "headwise":
+            attn += d * self.n_heads + self.n_heads
+        elif self.attn.gate == "elementwise":
+            attn += d * self.n_heads * hd + self.n_heads * hd
+        if self.ffn.type == "dense":
+            ffn = 3 * d * self.d_ff
+        else:
+            experts = self.ffn.top_k if active else self.ffn.n_experts
+            ffn = experts * 3 * d * self.d_expert + d * self.ffn.n_experts
+        norm = d if self.norm.type == "rmsnorm" else 2 * d
+        per_layer = attn + ffn + 2 * norm
+        embed = self.vocab_size * d * (1 if self.tie_embeddings else 2)
+        return self.n_layers * per_layer + embed + norm
+
+
+# GPU presets use a 32k vocabulary (the size of the Llama-2/Mistral tokenizers; train one
+# with `tokenizers` on your corpus at that size). CPU presets use the 4k byte-level BPE that
+# the bundled bilingual corpus trains in seconds.
+GPU_VOCAB = 32768
+CPU_VOCAB = 4096
+
+
+def _llama(d_model: int, n_layers: int, n_heads: int, n_kv_heads: int | None = None, **kw: Any) -> ModelConfig:
+    # Llama's SwiGLU hidden size: 8/3 * d rounded up to a multiple of 64.
+    d_ff = kw.pop("d_ff", None) or 64 * math.ceil(8 * d_model / 3 / 64)
+    return ModelConfig(
+        d_model=d_model, n_layers=n_layers, n_heads=n_heads, n_kv_heads=n_kv_heads, d_ff=d_ff, **kw
+    )
+
+
+_gpu = dict(vocab_size=GPU_VOCAB, max_seq_len=2048, rope_theta=500000.0)
+_cpu = dict(vocab_size=CPU_VOCAB, max_seq_len=256)
+
+PRESETS: dict[str, ModelConfig] = {
+    # CPU sizes: learn real structure from the bundled corpus in minutes on 2 cores.
+    "nano": _llama(128, 2, 4, vocab_size=CPU_VOCAB, max_seq_len=128, tie_embeddings=True),
+    "micro": _llama(256, 4, 4, **_cpu),
+    "mini": _llama(384, 10, 6, **_cpu),
+    # Dense GPU sizes (total parameter counts in the README table, checked by tests).
+    "0.1b": _llama(640, 12, 10, **_gpu),
+    "0.25b": _llama(1024, 16, 16, n_kv_heads=8, **_gpu),
+    "0.5b": _llama(1280, 24, 20, n_kv_heads=4, **_gpu),
+    "1b": _llama(2048, 20, 32, n_kv_heads=8, **_gpu),
+    "1.5b": _llama(2048, 30, 32, n_kv_heads=8, **_gpu),
+    # MoE GPU sizes, named by total parameters; active counts in the README table.
+    "moe-0.5b": _llama(768, 12, 12, n_kv_heads=4, ffn=FFNConfig("moe", n_experts=16, top_k=2, d_expert=960), **_gpu),
+    "moe-1.5b": _llama(1024, 16, 16, n_kv_heads=8, ffn=FFNConfig("moe", n_experts=32, top_k=2, d_expert=896), **_gpu),
+    # A CPU-sized MoE so the MoE path can be exercised and swept without a GPU.
+    "micro-moe": _llama(256, 4, 4, ffn=FFNConfig("moe", n_experts=4, top_k=2, d_expert=384), **_cpu),
+}

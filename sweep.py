@@ -1,0 +1,52 @@
+"""smallinit's entry point.
+
+    python sweep.py                      train one trial with the defaults (conf/config.yaml)
+    python sweep.py model=mini init.gamma=0.5 norm.eps=1e-5
+    python sweep.py -m init.gamma=0.5,0.75,1.0,1.25 norm.eps=1e-5,1e-12    a sweep
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+log = logging.getLogger("smallinit")
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="config")
+def main(cfg: DictConfig) -> float | None:
+    from hydra.core.hydra_config import HydraConfig
+
+    from model import ConfigError
+    from trainer.config import trial_config_from_dict
+    from trainer.loop import run_trial
+    from trainer.reporting import ConsoleReporter
+
+    try:
+        trial = trial_config_from_dict(OmegaConf.to_container(cfg, resolve=True))
+    except ConfigError as e:
+        sys.exit(f"error: {e}")
+    out_dir = HydraConfig.get().runtime.output_dir
+    m = trial.model
+    print(f"trial {trial.identity()}: {trial.preset} ({m.num_params() / 1e6:.2f}M params), "
+          f"gamma={m.init.gamma} eps={m.norm.eps:g} gate={m.attn.gate}, "
+          f"{trial.train.total_steps} steps x {trial.train.tokens_per_step} tokens -> {out_dir}")
+    console = ConsoleReporter(trial.train.total_steps, description=trial.preset or "train")
+    result = run_trial(trial, out_dir, reporter=console)
+    if result.final_val_loss is not None:
+        print(f"val loss {result.final_val_loss:.4f} (best {result.best_val_loss:.4f}; "
+              f"unigram entropy of the val tokens {result.unigram_entropy:.4f}) after {result.tokens:,} tokens")
+    extra = {k: v for k, v in result.final_metrics.items() if k.startswith("anchor/")}
+    if extra:
+        print("  ".join(f"{k} {v:.3f}" for k, v in extra.items()))
+    print(f"{result.tokens_per_s:,.0f} tokens/s, {result.wall_s:.1f} s; outputs in {out_dir}")
+    return result.final_val_loss
+
+
+if __name__ == "__main__":
+    main()

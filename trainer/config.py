@@ -1,0 +1,192 @@
+"""Typed trial configuration, built from the composed Hydra config on the driver.
+
+A `TrialConfig` is plain frozen dataclasses: it pickles across Ray processes with no Hydra
+state, and its `identity()` (a hash of everything that changes the numbers, minus hardware
+and paths) names the trial, so a rerun of the same sweep finds finished work.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from model.config import (
+    AttnConfig,
+    ConfigError,
+    FFNConfig,
+    InitConfig,
+    ModelConfig,
+    NormConfig,
+    _require,
+)
+
+SCHEDULES = ("cosine", "wsd", "constant")
+DEVICES = ("auto", "cpu", "cuda")
+DTYPES = ("auto", "fp32", "bf16")
+TASKS = ("lm", "anchor")
+ANCHOR_VOCAB = 100  # tokens 0-99 of the anchor-function task
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    lr: float = 3e-3
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = 1e-8
+    weight_decay: float = 0.1
+    grad_clip: float | None = 1.0
+    schedule: str = "cosine"
+    warmup_frac: float = 0.05
+    decay_frac: float = 0.2
+    min_lr_ratio: float = 0.1
+
+    def __post_init__(self) -> None:
+        _require(isinstance(self.lr, int | float) and math.isfinite(self.lr) and self.lr > 0, "optim.lr", self.lr, "must be a number > 0")
+        _require(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), "optim.betas", self.betas, "two numbers in [0, 1)")
+        _require(self.eps >= 0, "optim.eps", self.eps, "must be >= 0")
+        _require(self.weight_decay >= 0, "optim.weight_decay", self.weight_decay, "must be >= 0")
+        _require(self.grad_clip is None or self.grad_clip > 0, "optim.grad_clip", self.grad_clip, "must be > 0 or null")
+        _require(self.schedule in SCHEDULES, "optim.schedule", self.schedule, f"one of {list(SCHEDULES)}")
+        _require(0 <= self.warmup_frac < 1, "optim.warmup_frac", self.warmup_frac, "must be in [0, 1)")
+        _require(0 < self.decay_frac <= 1, "optim.decay_frac", self.decay_frac, "must be in (0, 1]")
+        _require(0 <= self.min_lr_ratio <= 1, "optim.min_lr_ratio", self.min_lr_ratio, "must be in [0, 1]")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    seed: int = 0
+    batch_size: int = 16
+    seq_len: int = 128
+    grad_accum: int = 1
+    max_tokens: int | None = 200_000
+    max_steps: int | None = None
+    eval_every: int = 20
+    eval_tokens: int = 32768
+    per_token_eval_tokens: int = 16384
+    probe_every: int = 50
+    probe_batch: int = 2
+    ckpt_every: int = 50
+    device: str = "auto"
+    dtype: str = "auto"
+    compile: bool = False
+    threads: int | None = None
+    peak_tflops: float | None = None
+
+    def __post_init__(self) -> None:
+        for key in ("batch_size", "seq_len", "grad_accum", "eval_every", "probe_batch"):
+            value = getattr(self, key)
+            _require(isinstance(value, int) and value > 0, f"train.{key}", value, "must be a positive integer")
+        for key in ("eval_tokens", "per_token_eval_tokens", "probe_every", "ckpt_every", "seed"):
+            value = getattr(self, key)
+            _require(isinstance(value, int) and value >= 0, f"train.{key}", value, "must be an integer >= 0")
+        _require(
+            self.max_tokens is not None or self.max_steps is not None,
+            "train.max_tokens",
+            self.max_tokens,
+            "set train.max_tokens or train.max_steps",
+        )
+        if self.max_steps is not None:
+            _require(isinstance(self.max_steps, int) and self.max_steps > 0, "train.max_steps", self.max_steps, "must be a positive integer")
+        elif self.max_tokens is not None:
+            _require(
+                isinstance(self.max_tokens, int) and self.max_tokens >= self.tokens_per_step,
+                "train.max_tokens",
+                self.max_tokens,
+                f"must be an integer >= one step's tokens (batch_size*seq_len*grad_accum = {self.tokens_per_step})",
+            )
+        _require(self.device in DEVICES, "train.device", self.device, f"one of {list(DEVICES)}")
+        _require(self.dtype in DTYPES, "train.dtype", self.dtype, f"one of {list(DTYPES)}")
+        _require(self.threads is None or self.threads > 0, "train.threads", self.threads, "must be > 0 or null")
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.batch_size * self.seq_len * self.grad_accum
+
+    @property
+    def total_steps(self) -> int:
+        if self.max_steps is not None:
+            return self.max_steps
+        return self.max_tokens // self.tokens_per_step
+
+
+@dataclass(frozen=True)
+class TrialConfig:
+    model: ModelConfig
+    optim: OptimConfig
+    train: TrainConfig
+    # The data settings as given (task "lm": trainer.data.DataConfig fields; task "anchor":
+    # trainer.anchor.AnchorConfig fields). Kept as a plain dict so this module stays light.
+    data: dict[str, Any] = field(default_factory=dict)
+    preset: str | None = None
+
+    @property
+    def task(self) -> str:
+        return self.data.get("task", "lm")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def identity(self) -> str:
+        """Hash of what determines the trial's numbers. Hardware and paths (device, threads,
+        compile, cache_dir, peak_tflops) are left out: the same trial on another machine is
+        the same trial."""
+        d = self.to_dict()
+        for key in ("device", "threads", "compile", "peak_tflops"):
+            d["train"].pop(key, None)
+        d["data"].pop("cache_dir", None)
+        blob = json.dumps(d, sort_keys=True, default=str)
+        return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+_SHAPE_KEYS = ("d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "vocab_size", "max_seq_len", "rope_theta", "tie_embeddings")
+
+
+def _only_known(section: str, given: dict[str, Any], cls: type) -> dict[str, Any]:
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(given) - known)
+    if unknown:
+        raise ConfigError(f"{section}.{unknown[0]} is not a known key: one of {sorted(known)}")
+    return given
+
+
+def trial_config_from_dict(cfg: dict[str, Any]) -> TrialConfig:
+    """Build and validate a TrialConfig from a resolved config dict (the composed Hydra
+    config as a plain container). Raises ConfigError naming key, value and what is allowed."""
+    m = dict(cfg["model"])
+    preset = m.pop("preset")
+    ffn = m.pop("ffn", None)
+    shape = {k: v for k, v in _only_known("model", m, ModelConfig).items() if v is not None}
+    overrides: dict[str, Any] = dict(shape)
+    if ffn is not None:
+        overrides["ffn"] = FFNConfig(**_only_known("model.ffn", dict(ffn), FFNConfig))
+    data = dict(cfg["data"])
+    task = data.get("task", "lm")
+    _require(task in TASKS, "data.task", task, f"one of {list(TASKS)}")
+    train = TrainConfig(**_only_known("train", dict(cfg["train"]), TrainConfig))
+    # The data decides the vocabulary: the model gets data.vocab_size unless model.vocab_size
+    # is set, which must then cover it.
+    data_vocab = data["vocab_size"] if task == "lm" else ANCHOR_VOCAB
+    overrides.setdefault("vocab_size", data_vocab)
+    _require(
+        overrides["vocab_size"] >= data_vocab,
+        "model.vocab_size",
+        overrides["vocab_size"],
+        f"must be >= the data's vocabulary ({data_vocab})",
+    )
+    overrides.setdefault("max_seq_len", max(train.seq_len, ModelConfig.preset(preset).max_seq_len))
+    model = ModelConfig.preset(
+        preset,
+        norm=NormConfig(**_only_known("norm", dict(cfg["norm"]), NormConfig)),
+        attn=AttnConfig(**_only_known("attn", dict(cfg["attn"]), AttnConfig)),
+        init=InitConfig(**_only_known("init", dict(cfg["init"]), InitConfig)),
+        **overrides,
+    )
+    _require(train.seq_len <= model.max_seq_len, "train.seq_len", train.seq_len, f"must be <= model.max_seq_len ({model.max_seq_len})")
+    optim_d = dict(_only_known("optim", dict(cfg["optim"]), OptimConfig))
+    if "betas" in optim_d:
+        optim_d["betas"] = tuple(optim_d["betas"])
+    optim = OptimConfig(**optim_d)
+    return TrialConfig(model=model, optim=optim, train=train, data=data, preset=preset)

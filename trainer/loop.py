@@ -1,0 +1,243 @@
+"""One trial: build the model, train it, evaluate and probe on a cadence, checkpoint, resume.
+
+Outputs in the trial folder:
+    trial.json            the resolved TrialConfig and its identity hash
+    metrics.jsonl         every logged step (train, val, probes, throughput)
+    probes/step_*.npz     row-cosine matrices at log-spaced probe steps (heatmaps)
+    per_token_losses.npz  loss of each token of the fixed eval slice, at the end
+    checkpoint.pt         latest state (model, optimizer, step), for resume
+    result.json           the final summary (written last, atomically: its presence = done)
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from model import Transformer, run_probes
+
+from .checkpoint import atomic_write_json, load_checkpoint, save_checkpoint
+from .config import TrialConfig
+from .reporting import JsonlReporter, MultiReporter, Reporter, Timer
+from .tasks import autocast_for, make_task
+
+
+class TrialDiverged(RuntimeError):
+    """The loss became NaN or inf; the trial stops instead of burning its budget."""
+
+
+@dataclass
+class TrialResult:
+    identity: str
+    steps: int
+    tokens: int
+    n_params: int
+    final_val_loss: float | None
+    best_val_loss: float | None
+    unigram_entropy: float | None
+    wall_s: float
+    tokens_per_s: float
+    mfu: float | None
+    final_metrics: dict[str, float] = field(default_factory=dict)
+    artifacts: dict[str, str] = field(default_factory=dict)
+
+
+# Dense bf16 peak FLOP/s of common accelerators, for MFU.
+PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10G": 125e12}
+
+
+def flops_per_token(trial: TrialConfig) -> float:
+    """Training FLOPs per token, PaLM's formula (Chowdhery et al. 2022, App. B):
+    6 * N_matmul + 12 * L * d * T, where N_matmul counts parameters used in matmuls by one
+    token (active experts only; the embedding lookup excluded, a tied LM head included)
+    and the second term is attention's score and value products, forward and backward."""
+    m = trial.model
+    n_matmul = m.num_params(active=True) - m.vocab_size * m.d_model * (0 if m.tie_embeddings else 1)
+    return 6.0 * n_matmul + 12.0 * m.n_layers * m.d_model * trial.train.seq_len
+
+
+def peak_flops(trial: TrialConfig, device: torch.device) -> float | None:
+    if trial.train.peak_tflops:
+        return trial.train.peak_tflops * 1e12
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        return next((v for k, v in PEAK_BF16_FLOPS.items() if k in name), None)
+    return None
+
+
+def lr_at(step: int, total: int, optim) -> float:
+    """Linear warmup, then cosine or WSD (stable, then linear decay) to lr * min_lr_ratio."""
+    warmup = int(optim.warmup_frac * total)
+    if step < warmup:
+        return optim.lr * (step + 1) / warmup
+    floor = optim.lr * optim.min_lr_ratio
+    if optim.schedule == "constant":
+        return optim.lr
+    if optim.schedule == "cosine":
+        progress = (step - warmup) / max(1, total - warmup)
+        return floor + (optim.lr - floor) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+    decay_start = total - int(optim.decay_frac * total)
+    if step < decay_start:
+        return optim.lr
+    return optim.lr - (optim.lr - floor) * (step - decay_start) / max(1, total - decay_start)
+
+
+def make_optimizer(model: torch.nn.Module, optim) -> torch.optim.AdamW:
+    # Decay matrices (and the embedding); norm gains and biases are left alone.
+    decay = [p for p in model.parameters() if p.ndim >= 2]
+    no_decay = [p for p in model.parameters() if p.ndim < 2]
+    groups = [{"params": decay, "weight_decay": optim.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=optim.lr, betas=optim.betas, eps=optim.eps)
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("train.device='cuda' but no CUDA device is visible: use train.device=auto or cpu")
+    return torch.device(name)
+
+
+def _is_heatmap_step(step: int, total: int, every: int) -> bool:
+    """Keep cosine matrices at step 0, log-spaced probe steps and the end."""
+    if step in (0, total):
+        return True
+    k = step // every
+    return step % every == 0 and (k & (k - 1)) == 0
+
+
+def run_trial(trial: TrialConfig, out_dir: Path, reporter: Reporter | None = None, log=print, prepared=None) -> TrialResult:
+    """Train one trial into out_dir, resuming from its checkpoint if one is there."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    t, identity = trial.train, trial.identity()
+    if t.threads:
+        torch.set_num_threads(t.threads)
+    atomic_write_json(out_dir / "trial.json", {"identity": identity, "config": trial.to_dict()})
+    device = resolve_device(t.device)
+    autocast = autocast_for(device, t.dtype)
+    task = make_task(trial, log=log, prepared=prepared) if trial.task == "lm" else make_task(trial, log=log)
+
+    model = Transformer(trial.model).to(device)
+    optimizer = make_optimizer(model, trial.optim)
+    total = t.total_steps
+    start, best, prior_wall, prior_train = 0, None, 0.0, 0.0
+    ckpt_path = out_dir / "checkpoint.pt"
+    state = load_checkpoint(ckpt_path, identity, device)
+    if state is not None:
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        start, best = state["step"], state["best_val_loss"]
+        prior_wall, prior_train = state["wall_s"], state["train_s"]
+        log(f"resuming {identity} from step {start}/{total}")
+    jsonl = JsonlReporter(out_dir / "metrics.jsonl", resume_step=start if state is not None else None)
+    report = MultiReporter(jsonl, reporter)
+    fwd = torch.compile(model) if t.compile else model
+    probe_idx = task.probe_idx.to(device)
+    flops_tok, peak = flops_per_token(trial), peak_flops(trial, device)
+    (out_dir / "probes").mkdir(exist_ok=True)
+
+    def checkpoint(step: int) -> None:
+        save_checkpoint(ckpt_path, {
+            "identity": identity, "step": step, "best_val_loss": best, "model": model.state_dict(),
+            "optimizer": optimizer.state_dict(), "wall_s": prior_wall + time.perf_counter() - t0,
+            "train_s": prior_train + timer.elapsed,
+        })
+
+    def observe(step: int, train_stats: dict[str, float]) -> dict[str, float]:
+        nonlocal best
+        metrics = dict(train_stats)
+        if step % t.eval_every == 0 or step == total:
+            model.eval()
+            metrics.update(task.evaluate(fwd, device, autocast))
+            model.train()
+            if "val/loss" in metrics:
+                best = metrics["val/loss"] if best is None else min(best, metrics["val/loss"])
+                metrics["val/best_loss"] = best
+        if t.probe_every and (step % t.probe_every == 0 or step == total):
+            probes = run_probes(model, probe_idx)
+            metrics.update(probes.scalars)
+            if _is_heatmap_step(step, total, t.probe_every):
+                np.savez_compressed(out_dir / "probes" / f"step_{step:07d}.npz",
+                                    **{k: v.numpy().astype(np.float16) for k, v in probes.cosine_matrices.items()})
+        if len(metrics) > len(train_stats):
+            report.log(step, metrics)
+        return metrics
+
+    t0, timer = time.perf_counter(), Timer()
+    model.train()
+    last: dict[str, float] = {}
+    if start == 0:
+        last = observe(0, {"tokens": 0})
+    loss_sum, loss_n, interval_start = 0.0, 0, timer.elapsed
+    try:
+        for step in range(start, total):
+            with timer:
+                lr = lr_at(step, total, trial.optim)
+                for group in optimizer.param_groups:
+                    group["lr"] = lr
+                for micro in range(t.grad_accum):
+                    x, y = task.train_batch(step * t.grad_accum + micro)
+                    x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+                    with autocast():
+                        logits, aux = fwd(x, return_aux=True)
+                        loss = task.loss(logits, y) + trial.model.ffn.aux_loss_coef * aux
+                    (loss / t.grad_accum).backward()
+                    loss_value = loss.item()
+                    if not math.isfinite(loss_value):
+                        raise TrialDiverged(f"diverged at step {step + 1}: loss={loss_value}")
+                    loss_sum, loss_n = loss_sum + loss_value, loss_n + 1
+                if trial.optim.grad_clip:
+                    grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), trial.optim.grad_clip))
+                else:
+                    grad_norm = float("nan")
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+            done = step + 1
+            due = done % t.eval_every == 0 or done == total or (t.probe_every and done % t.probe_every == 0)
+            if due:
+                interval = timer.elapsed - interval_start
+                steps_in_interval = loss_n / t.grad_accum
+                tok_s = steps_in_interval * t.batch_size * t.seq_len * t.grad_accum / max(interval, 1e-9)
+                stats = {"train/loss": loss_sum / loss_n, "train/lr": lr, "train/grad_norm": grad_norm,
+                         "tokens": done * t.tokens_per_step, "perf/tokens_per_s": tok_s}
+                if peak:
+                    stats["perf/mfu"] = tok_s * flops_tok / peak
+                last = observe(done, stats)
+                loss_sum, loss_n, interval_start = 0.0, 0, timer.elapsed
+            if t.ckpt_every and done % t.ckpt_every == 0 and done < total:
+                checkpoint(done)
+        checkpoint(total)
+        per_token = task.per_token_losses(model.eval(), device, autocast)
+        if per_token:
+            np.savez_compressed(out_dir / "per_token_losses.npz", **per_token)
+    finally:
+        report.close()
+
+    tokens = total * t.tokens_per_step
+    tok_s = (total - start) * t.tokens_per_step / max(timer.elapsed, 1e-9) if total > start else float("nan")
+    result = TrialResult(
+        identity=identity, steps=total, tokens=tokens, n_params=model.num_params(),
+        final_val_loss=last.get("val/loss"), best_val_loss=best, unigram_entropy=task.unigram_entropy,
+        wall_s=prior_wall + time.perf_counter() - t0, tokens_per_s=tok_s,
+        mfu=(tok_s * flops_tok / peak) if peak else None, final_metrics=last,
+        artifacts={
+            "metrics": str(out_dir / "metrics.jsonl"), "probes": str(out_dir / "probes"),
+            "per_token_losses": str(out_dir / "per_token_losses.npz") if per_token else "",
+            "checkpoint": str(ckpt_path),
+        },
+    )
+    atomic_write_json(out_dir / "result.json", asdict(result))
+    return result
+
+
+def load_result(out_dir: Path) -> dict | None:
+    """The finished trial's summary, or None if it has not finished."""
+    path = Path(out_dir) / "result.json"
+    return json.loads(path.read_text()) if path.exists() else None
