@@ -112,11 +112,13 @@ class InitConfig:
                 continue
             _finite_number(f"init.{key}", value)
             _require(value > 0, f"init.{key}", value, "must be > 0")
+        # < 2^32: model/init.py seeds each generator with seed * 1_000_003 + crc32(name), which
+        # must fit torch.Generator.manual_seed (64 bits).
         _require(
-            isinstance(self.seed, int) and not isinstance(self.seed, bool) and self.seed >= 0,
+            isinstance(self.seed, int) and not isinstance(self.seed, bool) and 0 <= self.seed < 2**32,
             "init.seed",
             self.seed,
-            "must be a non-negative integer",
+            "must be an integer in [0, 2^32)",
         )
 
     def gamma_for(self, group: str | None) -> float:
@@ -176,6 +178,10 @@ class ModelConfig:
         return self.ffn.d_expert or self.d_ff
 
     def replace(self, **changes: Any) -> ModelConfig:
+        # n_kv_heads == n_heads means no GQA (what None resolves to): keep that when n_heads
+        # changes, rather than turning the model into GQA with the old head count.
+        if "n_heads" in changes and "n_kv_heads" not in changes and self.n_kv_heads == self.n_heads:
+            changes["n_kv_heads"] = None
         return dataclasses.replace(self, **changes)
 
     @classmethod
@@ -183,7 +189,7 @@ class ModelConfig:
         """A named size (see PRESETS), with any field replaced by `overrides`."""
         if name not in PRESETS:
             raise ConfigError(f"model.preset={name!r} is invalid: one of {sorted(PRESETS)}")
-        return dataclasses.replace(PRESETS[name], **overrides)
+        return PRESETS[name].replace(**overrides)
 
     def num_params(self, active: bool = False) -> int:
         """Parameter count from the shapes alone (matches the built model, tested).

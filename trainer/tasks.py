@@ -102,7 +102,7 @@ class AnchorTask:
             with autocast():
                 return model(x.to(device))[:, -1].argmax(-1).cpu()
 
-        out = dict(self._evaluate(predict))
+        out = dict(self._evaluate(predict, self.splits))
         x, y = self.splits["test_in_dist"]
         with autocast():
             logits = model(x.to(device))

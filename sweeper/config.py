@@ -1,0 +1,54 @@
+"""The sweeper's settings, registered in Hydra's ConfigStore as hydra/sweeper=smallinit.
+
+    hydra.sweeper.n_trials=20            trials of an Optuna search (grids run every point)
+    hydra.sweeper.sampler=tpe            tpe | random | gp | grid
+    hydra.sweeper.storage=null           null = sqlite:///<sweep dir>/optuna.db; any SQLAlchemy URL
+    hydra.sweeper.max_concurrent=null    null = as many as the Ray cluster's CPUs allow
+    hydra.sweeper.asha.enabled=true      ASHA early stopping on validation loss
+Ray and W&B settings are top-level keys (ray.*, wandb.*) in conf/config.yaml.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class AshaConf:
+    enabled: bool = False
+    # In optimizer steps; null = a quarter of a trial's steps.
+    grace_period: int | None = None
+    reduction_factor: int = 3
+
+
+@dataclass
+class SmallinitSweeperConf:
+    _target_: str = "hydra_plugins.smallinit_sweeper.smallinit_sweeper.SmallinitSweeper"
+    # Sweep overrides kept in a config (the command line wins key by key), as in Hydra's
+    # Optuna plugin: {init.gamma: "0.5,1.0", optim.lr: "tag(log, interval(1e-4, 1e-2))"}.
+    params: dict[str, str] | None = None
+    n_trials: int = 20
+    sampler: str = "tpe"
+    seed: int = 0
+    storage: str | None = None
+    study_name: str | None = None
+    max_concurrent: int | None = None
+    max_failure_rate: float = 0.5
+    # Crashed Ray workers are retried this many times (from the trial's checkpoint).
+    max_retries: int = 2
+    # Rerun trials recorded as failed (they are skipped by default: failures are deterministic).
+    retry_failed: bool = False
+    asha: AshaConf = field(default_factory=AshaConf)
+
+
+def register() -> None:
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(group="hydra/sweeper", name="smallinit", node=SmallinitSweeperConf, provider="smallinit")
+
+
+def sweeper_conf_from(kwargs: dict[str, Any]) -> SmallinitSweeperConf:
+    kwargs = {k: v for k, v in kwargs.items() if k != "_target_"}
+    asha = AshaConf(**(kwargs.pop("asha", None) or {}))
+    return SmallinitSweeperConf(**kwargs, asha=asha)

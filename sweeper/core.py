@@ -1,0 +1,268 @@
+"""The sweep, start to end, on the driver.
+
+1. Parse the overrides into a grid or an Optuna search space (sweeper/space.py).
+2. Compose and validate every trial's config with Hydra, here, before anything launches;
+   a bad override stops the command with one line and leaves nothing behind.
+3. Open the study (SQLite by default), connect to Ray, prepare the data once.
+4. Skip trials whose identity already finished; reuse trials a killed driver left RUNNING.
+5. Run the rest as Ray Tune trials (StudySearcher decides which, ASHA may stop them).
+6. Write results.parquet and print the best trial.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from hydra.core.hydra_config import HydraConfig
+from hydra.errors import HydraException
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from model.config import ConfigError
+from trainer.checkpoint import atomic_write_json
+from trainer.config import trial_config_from_dict
+
+from .config import SmallinitSweeperConf
+from .space import SweepSpace, parse_sweep
+from .trainable import TrialSpec
+
+log = logging.getLogger("smallinit.sweep")
+
+
+class Composer:
+    """Overrides -> composed Hydra config -> validated TrialSpec, on the driver."""
+
+    def __init__(self, loader, base: DictConfig, space: SweepSpace, sweep_dir: Path):
+        self.loader, self.base, self.space, self.sweep_dir = loader, base, space, sweep_dir
+
+    def compose(self, params: dict[str, Any]) -> tuple[list[str], DictConfig]:
+        overrides = self.space.overrides_for(params)
+        try:
+            cfg = self.loader.load_sweep_config(self.base, overrides)
+        except HydraException as e:
+            raise ConfigError(_first_line(e)) from None
+        return overrides, cfg
+
+    def spec(self, params: dict[str, Any], write: bool = False) -> TrialSpec:
+        overrides, cfg = self.compose(params)
+        HydraConfig.instance().set_config(cfg)  # lets ${hydra:...} resolve on the driver
+        with open_dict(cfg):
+            job_cfg = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
+        try:
+            container = OmegaConf.to_container(job_cfg, resolve=True)
+        except Exception as e:
+            raise ConfigError(_first_line(e)) from None
+        trial = trial_config_from_dict(container)
+        _validate_data(trial.data)
+        ray_cfg, wandb_cfg = container.get("ray", {}), container.get("wandb", {})
+        spec = TrialSpec(
+            identity=trial.identity(), trial=trial, out_dir=str(self.sweep_dir / "trials" / trial.identity()),
+            params=dict(params), overrides=overrides, sweep_name=str(container.get("name", "sweep")),
+            wandb=dict(wandb_cfg), threads=int(ray_cfg.get("cpus_per_trial") or 1),
+        )
+        if write:  # Hydra's job-folder convention: the composed config and the overrides
+            out = Path(spec.out_dir)
+            (out / ".hydra").mkdir(parents=True, exist_ok=True)
+            OmegaConf.save(job_cfg, out / ".hydra" / "config.yaml")
+            OmegaConf.save(OmegaConf.create(overrides), out / ".hydra" / "overrides.yaml")
+            atomic_write_json(out / "sweep.json", {"params": spec.params, "overrides": overrides, "identity": spec.identity})
+        return spec
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+def _validate_data(data: dict[str, Any]) -> None:
+    fields = {k: v for k, v in data.items() if k != "task"}
+    if data.get("task", "lm") == "anchor":
+        from trainer.anchor import AnchorConfig
+
+        AnchorConfig(**fields)
+    else:
+        from trainer.data import DataConfig
+
+        DataConfig(**fields)
+
+
+def _corner_params(space: SweepSpace) -> list[dict[str, Any]]:
+    """Points that test every swept value's validity without enumerating a search space:
+    the low and high ends of each interval, each discrete value."""
+    base = {k: c.values[0] for k, c in space.discrete.items()}
+    base.update({k: d.low for k, d in space.intervals.items()})
+    points = [base]
+    for key, dist in space.intervals.items():
+        points.append({**base, key: dist.high})
+    for key, choices in space.discrete.items():
+        points += [{**base, key: v} for v in choices.values[1:]]
+    return points
+
+
+def connect_ray(ray_cfg: dict[str, Any]) -> None:
+    import ray
+
+    if ray.is_initialized():
+        return
+    address = ray_cfg.get("address")
+    kwargs = {"include_dashboard": False, "logging_level": logging.WARNING, "log_to_driver": False}
+    try:
+        if address:
+            ray.init(address=address, **kwargs)
+        else:
+            ray.init(num_cpus=ray_cfg.get("num_cpus"), num_gpus=ray_cfg.get("num_gpus"), **kwargs)
+    except Exception as e:
+        raise ConfigError(
+            f"ray.address={address!r} is invalid: could not connect ({_first_line(e)}); "
+            "start one with `ray start --head`, or leave ray.address=null for a local Ray"
+        ) from None
+
+
+def run_sweep(conf: SmallinitSweeperConf, loader, base: DictConfig, arguments: list[str]) -> list[dict[str, Any]]:
+    try:
+        return _run(conf, loader, base, arguments)
+    except ConfigError as e:
+        sys.exit(f"error: {e}")
+
+
+def _run(conf: SmallinitSweeperConf, loader, base: DictConfig, arguments: list[str]) -> list[dict[str, Any]]:
+    from .study import Study, default_storage_url, make_sampler, open_storage
+
+    _check_sweeper_conf(conf)
+    space = parse_sweep(arguments, dict(conf.params) if conf.params else None)
+    sweep_dir = Path(base.hydra.sweep.dir).resolve()
+    composer = Composer(loader, base, space, sweep_dir)
+    if space.mode == "grid":
+        specs = [composer.spec(p) for p in space.grid()]
+        checked = specs
+    else:
+        checked = [composer.spec(p) for p in _corner_params(space)]
+        specs = []
+    ray_cfg = OmegaConf.to_container(base.get("ray", {}), resolve=True) or {}
+    storage = open_storage(conf.storage or default_storage_url(sweep_dir))
+    sampler = make_sampler(conf.sampler, conf.seed, space.distributions())
+    connect_ray(ray_cfg)
+    # Everything is valid: from here on we write.
+    study = Study(storage, conf.study_name or str(base.get("name", "sweep")), sampler)
+    _prepare_data_once(checked)
+    pending, n_new, skipped, total = _plan(conf, space, study, specs, composer)
+    print(f"sweep {study.study.study_name}: {space.mode}, {total} trials ({skipped} already done), "
+          f"folder {sweep_dir}, study {conf.storage or default_storage_url(sweep_dir)}", flush=True)
+    aborted = None
+    if pending or n_new:
+        aborted = _tune(conf, ray_cfg, space, study, pending, n_new, composer, sweep_dir, total, skipped)
+    return _finish(sweep_dir, study, aborted)
+
+
+def _check_sweeper_conf(conf: SmallinitSweeperConf) -> None:
+    if not (isinstance(conf.n_trials, int) and conf.n_trials > 0):
+        raise ConfigError(f"hydra.sweeper.n_trials={conf.n_trials!r} is invalid: must be a positive integer")
+    if not 0 <= conf.max_failure_rate <= 1:
+        raise ConfigError(f"hydra.sweeper.max_failure_rate={conf.max_failure_rate!r} is invalid: must be in [0, 1]")
+    if conf.max_concurrent is not None and conf.max_concurrent < 1:
+        raise ConfigError(f"hydra.sweeper.max_concurrent={conf.max_concurrent!r} is invalid: must be >= 1 or null")
+
+
+def _prepare_data_once(specs: list[TrialSpec]) -> None:
+    """Tokenise each distinct corpus on the driver so trials only read the cache."""
+    from trainer.data import DataConfig, prepare
+
+    seen = set()
+    for spec in specs:
+        data = spec.trial.data
+        key = json.dumps(data, sort_keys=True, default=str)
+        if data.get("task", "lm") == "lm" and key not in seen:
+            seen.add(key)
+            prepare(DataConfig(**{k: v for k, v in data.items() if k != "task"}))
+
+
+def _plan(conf, space, study, specs, composer):
+    from optuna.trial import TrialState
+
+    from .searcher import Pending
+    from .study import FINISHED
+
+    known = study.by_identity()
+    if space.mode == "grid":
+        pending, skipped = [], 0
+        for spec in specs:
+            t = known.get(spec.identity)
+            done_file = Path(spec.out_dir, "result.json").exists()
+            if done_file or (t is not None and t.state in FINISHED and not (t.state == TrialState.FAIL and conf.retry_failed)):
+                skipped += 1
+                continue
+            composer.spec(spec.params, write=True)
+            pending.append(Pending(spec, t if t is not None and t.state == TrialState.RUNNING else None))
+        return pending, 0, skipped, len(specs)
+    finished = [t for t in known.values() if t.state in FINISHED]
+    interrupted = [t for t in known.values() if t.state == TrialState.RUNNING]
+    pending = [Pending(composer.spec(t.params, write=True), t) for t in interrupted]
+    n_new = max(0, conf.n_trials - len(finished) - len(pending))
+    return pending, n_new, len(finished), conf.n_trials
+
+
+def _tune(conf, ray_cfg, space, study, pending, n_new, composer, sweep_dir, total, skipped) -> str | None:
+    os.environ.setdefault("RAY_CHDIR_TO_TRIAL_DIR", "0")
+    os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
+    from ray import tune
+    from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
+
+    from .progress import ProgressTable
+    from .searcher import StudySearcher
+    from .trainable import METRIC, run_spec
+
+    searcher = StudySearcher(study, space, pending, n_new, lambda p: composer.spec(p, write=True), conf.max_failure_rate)
+    steps = [p.spec.trial.train.total_steps for p in pending] or [composer.spec(_corner_params(space)[0]).trial.train.total_steps]
+    if conf.asha.enabled:
+        max_t = max(steps)
+        scheduler = ASHAScheduler(time_attr="step", max_t=max_t, grace_period=conf.asha.grace_period or max(1, max_t // 4),
+                                  reduction_factor=conf.asha.reduction_factor)
+    else:
+        scheduler = FIFOScheduler()
+
+    class AbortStopper(tune.Stopper):
+        def __call__(self, trial_id, result):
+            return False
+
+        def stop_all(self):
+            return searcher.aborted is not None
+
+    progress = ProgressTable(space.swept_keys, total, skipped)
+    resources = {"cpu": float(ray_cfg.get("cpus_per_trial") or 1), "gpu": float(ray_cfg.get("gpus_per_trial") or 0)}
+    tuner = tune.Tuner(
+        tune.with_resources(run_spec, resources),
+        tune_config=tune.TuneConfig(metric=METRIC, mode="min", search_alg=searcher, scheduler=scheduler,
+                                    num_samples=len(pending) + n_new, max_concurrent_trials=conf.max_concurrent),
+        run_config=tune.RunConfig(name="tune", storage_path=str(sweep_dir / "ray"), callbacks=[progress], verbose=0,
+                                  stop=AbortStopper(), failure_config=tune.FailureConfig(max_failures=conf.max_retries)),
+    )
+    try:
+        tuner.fit()
+    finally:
+        progress.close()
+    return searcher.aborted
+
+
+def _finish(sweep_dir: Path, study, aborted: str | None) -> list[dict[str, Any]]:
+    from .results import build_table, write_table
+
+    states = {
+        ident: {"number": t.number, "state": t.state.name, "fail_reason": t.user_attrs.get("fail_reason")}
+        for ident, t in study.by_identity().items()
+    }
+    df = build_table(sweep_dir, states)
+    path = write_table(sweep_dir, df)
+    counts = df["state"].value_counts().to_dict() if not df.empty else {}
+    print(f"results: {path} ({', '.join(f'{v} {k.lower()}' for k, v in counts.items()) or 'no trials'})")
+    done = df[df["state"] == "COMPLETE"].dropna(subset=["final_val_loss"]) if not df.empty else df
+    if not done.empty:
+        best = done.loc[done["final_val_loss"].idxmin()]
+        params = {c.removeprefix("param."): best[c] for c in df.columns if c.startswith("param.")}
+        print(f"best: trial {best['trial_number']} {params} val loss {best['final_val_loss']:.4f} -> {best['trial_dir']}")
+    if aborted:
+        sys.exit(f"error: {aborted}")
+    return df.to_dict("records")

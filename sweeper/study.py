@@ -1,0 +1,107 @@
+"""The Optuna study that remembers a sweep: storage, trial identity, exactly-once recording.
+
+Every trial of a sweep, grid or search, is an Optuna trial whose user attribute `identity`
+is the hash of its resolved config. A rerun of the same command looks identities up here to
+skip finished trials and to reuse (not duplicate) trials a killed driver left RUNNING.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.distributions import BaseDistribution
+from optuna.trial import FrozenTrial, TrialState
+
+from model.config import ConfigError
+
+SAMPLERS = ("tpe", "random", "gp", "grid")
+FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+
+
+def default_storage_url(sweep_dir: Path) -> str:
+    return f"sqlite:///{Path(sweep_dir).resolve() / 'optuna.db'}"
+
+
+def open_storage(url: str) -> optuna.storages.BaseStorage:
+    """An RDB storage for any SQLAlchemy URL; a bad URL fails here, before any trial."""
+    if url.startswith("sqlite:///"):
+        Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    try:
+        # A generous SQLite timeout lets concurrent sweeps share one file safely.
+        kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}
+        return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
+    except Exception as e:  # SQLAlchemy raises many types: all mean the same to the user
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ConfigError(
+            f"hydra.sweeper.storage={url!r} is invalid: {reason} (use sqlite:///path.db or a SQLAlchemy URL such as postgresql://user@host/db)"
+        ) from None
+
+
+def make_sampler(name: str, seed: int, space: dict[str, BaseDistribution]) -> optuna.samplers.BaseSampler:
+    if name == "tpe":
+        return optuna.samplers.TPESampler(seed=seed)
+    if name == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    if name == "gp":
+        return optuna.samplers.GPSampler(seed=seed)
+    if name == "grid":
+        grid = {}
+        for key, dist in space.items():
+            if not isinstance(dist, optuna.distributions.CategoricalDistribution):
+                raise ConfigError(f"hydra.sweeper.sampler='grid' is invalid with the interval {key}: use discrete values")
+            grid[key] = list(dist.choices)
+        return optuna.samplers.GridSampler(grid, seed=seed)
+    raise ConfigError(f"hydra.sweeper.sampler={name!r} is invalid: one of {list(SAMPLERS)}")
+
+
+class Study:
+    """Thin wrapper over an optuna.Study with identity-aware, exactly-once bookkeeping."""
+
+    def __init__(self, storage: optuna.storages.BaseStorage, name: str, sampler: optuna.samplers.BaseSampler):
+        self.study = optuna.create_study(storage=storage, study_name=name, sampler=sampler, direction="minimize", load_if_exists=True)
+        self.storage = storage
+
+    def by_identity(self) -> dict[str, FrozenTrial]:
+        """Latest trial per identity, a finished one preferred over a RUNNING one."""
+        out: dict[str, FrozenTrial] = {}
+        for t in self.study.get_trials(deepcopy=False):
+            ident = t.user_attrs.get("identity")
+            if ident is None:
+                continue
+            prev = out.get(ident)
+            if prev is None or (t.state in FINISHED) >= (prev.state in FINISHED):
+                out[ident] = t
+        return out
+
+    def create_running(self, params: dict[str, Any], distributions: dict[str, BaseDistribution]) -> FrozenTrial:
+        """A RUNNING trial with fixed params (grid points, reruns). Created directly in the
+        storage, not enqueued, so a concurrent sweep on the same study cannot take it."""
+        template = optuna.trial.create_trial(
+            state=TrialState.RUNNING, params=params, distributions={k: distributions[k] for k in params}
+        )
+        trial_id = self.storage.create_new_trial(self.study._study_id, template_trial=template)
+        return self.storage.get_trial(trial_id)
+
+    def ask(self, distributions: dict[str, BaseDistribution]) -> FrozenTrial:
+        trial = self.study.ask(distributions)
+        return self.storage.get_trial(trial._trial_id)
+
+    def set_attrs(self, trial: FrozenTrial, **attrs: Any) -> None:
+        for key, value in attrs.items():
+            self.storage.set_trial_user_attr(trial._trial_id, key, value)
+
+    def report(self, trial: FrozenTrial, step: int, value: float) -> None:
+        if value is not None and math.isfinite(value):
+            self.storage.set_trial_intermediate_value(trial._trial_id, step, value)
+
+    def finish(self, trial: FrozenTrial, state: TrialState, value: float | None = None, reason: str | None = None) -> None:
+        if reason:
+            self.set_attrs(trial, fail_reason=reason[:2000])
+        if state == TrialState.COMPLETE and (value is None or not math.isfinite(value)):
+            state, reason = TrialState.FAIL, reason or "no finite validation loss"
+            self.set_attrs(trial, fail_reason=reason)
+        values = value if state == TrialState.COMPLETE else None
+        self.study.tell(trial.number, values, state=state, skip_if_finished=True)

@@ -1,0 +1,141 @@
+"""What runs inside a Ray worker: one trial, its metrics forwarded to Ray Tune and W&B.
+
+The worker gets a `TrialSpec` that the driver composed and validated; it never touches
+Hydra. A trial that raises or diverges is caught here, written to `failure.json` and
+reported as failed (Tune must not retry a deterministic failure); only a crashed worker
+process reaches Tune's retry, and the retry resumes from the trial's own checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trainer.checkpoint import atomic_write_json
+from trainer.config import TrialConfig
+
+METRIC = "val_loss"  # what Tune, ASHA and the study optimise (val/loss, renamed for Tune)
+
+
+@dataclass
+class TrialSpec:
+    identity: str
+    trial: TrialConfig
+    out_dir: str
+    params: dict[str, Any]
+    overrides: list[str]
+    sweep_name: str
+    wandb: dict[str, Any] = field(default_factory=dict)
+    threads: int = 1
+
+    def label(self) -> str:
+        return " ".join(f"{k}={v}" for k, v in self.params.items()) or self.identity
+
+
+class TuneReporter:
+    """Forwards each evaluation to Ray Tune (which drives ASHA and the searcher)."""
+
+    def __init__(self, total_steps: int):
+        self.total_steps = total_steps
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        from ray import tune
+
+        if "val/loss" not in metrics:
+            return
+        out = {k.replace("/", "_"): v for k, v in metrics.items() if isinstance(v, int | float) and _summary_key(k)}
+        out.update({METRIC: metrics["val/loss"], "step": step, "done_training": False})
+        tune.report(out)
+
+    def close(self) -> None:
+        pass
+
+
+def _summary_key(key: str) -> bool:
+    """Keep Tune's result rows small: losses, throughput and probe means, not every matrix."""
+    return not key.startswith(("stable_rank/", "row_cosine/", "saturation/", "residual_ratio/", "attn_sink/")) or key.endswith("/mean")
+
+
+def wandb_mode(requested: str) -> str:
+    """'auto' is online when the user has configured a key, else offline."""
+    if requested != "auto":
+        return requested
+    if os.environ.get("WANDB_API_KEY"):
+        return "online"
+    netrc = Path.home() / ".netrc"
+    if netrc.exists() and "api.wandb.ai" in netrc.read_text(errors="ignore"):
+        return "online"
+    return "offline"
+
+
+class WandbReporter:
+    """One W&B run per trial: grouped by sweep, swept keys as top-level config and tags,
+    val/loss summarised by its minimum. The run id is the trial identity, so a resumed
+    trial continues its run instead of starting a second one."""
+
+    def __init__(self, spec: TrialSpec):
+        import wandb
+
+        settings = spec.wandb
+        self.run = wandb.init(
+            project=settings.get("project", "smallinit"),
+            entity=settings.get("entity"),
+            group=spec.sweep_name,
+            name=spec.label(),
+            id=f"{spec.sweep_name}-{spec.identity}"[-64:].replace("/", "-"),
+            resume="allow",
+            dir=spec.out_dir,
+            mode=wandb_mode(settings.get("mode", "auto")),
+            config={**spec.params, "identity": spec.identity, "trial": spec.trial.to_dict()},
+            tags=[f"{k}={v}" for k, v in spec.params.items()][:64],
+            settings=wandb.Settings(console="off", silent=True, x_disable_stats=True),
+        )
+        self.run.define_metric("val/loss", summary="min")
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        clean = {k: v for k, v in metrics.items() if v is not None and not (isinstance(v, float) and math.isnan(v))}
+        self.run.log(clean, step=step)
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+def run_spec(config: dict[str, Any]) -> None:
+    """The Tune function trainable."""
+    from ray import tune
+
+    import torch
+
+    from trainer.loop import load_result, run_trial
+    from trainer.reporting import MultiReporter
+
+    spec: TrialSpec = config["spec"]
+    out = Path(spec.out_dir)
+    torch.set_num_threads(max(1, spec.threads))
+    done = load_result(out)
+    if done is None:
+        reporters = [TuneReporter(spec.trial.train.total_steps)]
+        try:
+            if spec.wandb.get("mode", "auto") != "disabled":
+                reporters.append(WandbReporter(spec))
+            done = _as_dict(run_trial(spec.trial, out, reporter=MultiReporter(*reporters), log=lambda *a: None))
+        except Exception as e:  # recorded, not retried: the same config would fail again
+            reason = f"{type(e).__name__}: {e}"
+            atomic_write_json(out / "failure.json", {"reason": reason, "traceback": traceback.format_exc()})
+            tune.report({"failed": 1, "fail_reason": reason[:1000], "done_training": True})
+            return
+    final = {METRIC: done.get("final_val_loss"), "best_val_loss": done.get("best_val_loss"), "step": done["steps"],
+             "tokens": done["tokens"], "done_training": True, "failed": 0}
+    final.update({k.replace("/", "_"): v for k, v in done.get("final_metrics", {}).items() if _summary_key(k)})
+    tune.report(final)
+
+
+def _as_dict(result) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    return json.loads(json.dumps(asdict(result), default=str))

@@ -1,0 +1,291 @@
+"""The data layer: bundled corpus, tokenizer, split, cache, batches, and the other corpora."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from model.config import ConfigError
+from trainer import corpus
+from trainer.data import (
+    DataConfig,
+    TrainBatches,
+    cache_path_for,
+    prepare,
+    unigram_cross_entropy,
+    unigram_entropy,
+    val_batches,
+)
+
+
+@pytest.fixture(scope="session")
+def bilingual(tmp_path_factory):
+    """The default corpus (KJV + People's Daily, 4k BPE) prepared once per test run."""
+    cfg = DataConfig(cache_dir=str(tmp_path_factory.mktemp("cache")))
+    t0 = time.perf_counter()
+    data = prepare(cfg, log=lambda _: None)
+    return cfg, data, time.perf_counter() - t0
+
+
+@pytest.fixture(scope="session")
+def bilingual_docs():
+    return corpus.read_bilingual()
+
+
+def test_bundled_corpus_shape(bilingual_docs):
+    by_source = {}
+    for d in bilingual_docs:
+        by_source.setdefault(d.source, []).append(d)
+    assert len(by_source["kjv"]) == 1189  # chapters of the KJV
+    kjv_chars = sum(len(d.text) for d in by_source["kjv"])
+    assert 4.0e6 < kjv_chars < 4.3e6
+    pd = by_source["peoples_daily"]
+    assert 18_000 < len(pd) < 19_484  # paragraph lines less exact duplicates
+    assert not any("/" in d.text or "  " in d.text for d in pd[:2000])  # POS tags stripped
+    assert pd[0].text.startswith("迈向充满希望的新世纪")
+    assert len({d.text for d in bilingual_docs}) == len(bilingual_docs)
+
+
+def test_round_trip_is_exact(bilingual, bilingual_docs):
+    _, data, _ = bilingual
+    tok = data.tokenizer()
+    split = np.load(data.dir / "split.npz")
+    val = [bilingual_docs[i] for i in split["val_ids"]]
+    samples = [next(d.text for d in val if d.source == "kjv"),
+               next(d.text for d in val if d.source == "peoples_daily"),
+               "  leading spaces,\ttabs\r\nand CRLF\n\n\nblank lines ",
+               "混合 mixed 中文and English！１９９８年，emoji 🙂 é ß ∑"]
+    for s in samples:
+        ids = tok.encode(s, add_special_tokens=False).ids
+        assert tok.decode(ids, skip_special_tokens=False) == s
+        assert data.eot_id not in ids
+    # The BPE learned real merges: ~3.5 bytes per token on both languages.
+    for s in samples[:2]:
+        assert len(s.encode()) / len(tok.encode(s).ids) > 2.5
+
+
+def test_split_by_document(bilingual, bilingual_docs):
+    _, data, _ = bilingual
+    split = np.load(data.dir / "split.npz")
+    train, val = split["train_ids"], split["val_ids"]
+    assert not set(train) & set(val)
+    assert sorted(np.concatenate([train, val])) == list(range(len(bilingual_docs)))
+    texts = lambda ids: {bilingual_docs[i].text for i in ids}  # noqa: E731
+    assert not texts(train) & texts(val)
+    for source, s in data.meta["per_source"].items():
+        n = s["train_docs"] + s["val_docs"]
+        assert s["val_docs"] == round(0.05 * n), source  # stratified, exact per source
+        assert 0.03 < s["val_tokens"] / (s["train_tokens"] + s["val_tokens"]) < 0.07, source
+    assert 0.04 < data.n_val_tokens / (data.n_train_tokens + data.n_val_tokens) < 0.06
+    # val.bin is the val documents in split order, each followed by <|endoftext|>.
+    tok = data.tokenizer()
+    expected = []
+    for i in val[:40]:
+        expected += tok.encode(bilingual_docs[i].text, add_special_tokens=False).ids + [data.eot_id]
+    assert np.array_equal(data.val_tokens()[: len(expected)], expected)
+    assert int((data.val_tokens() == data.eot_id).sum()) == len(val)
+    assert int((data.train_tokens() == data.eot_id).sum()) == len(train)
+
+
+def test_meta_and_unigram_numbers(bilingual):
+    _, data, _ = bilingual
+    meta = json.loads((data.dir / "meta.json").read_text())
+    assert data.vocab_size == meta["tokenizer_vocab_size"] == 4096
+    assert data.dtype == "uint16"
+    assert data.n_train_tokens == data.train_path.stat().st_size // 2 == len(data.train_tokens())
+    assert data.n_val_tokens == data.val_path.stat().st_size // 2
+    assert 2.0e6 < data.n_train_tokens + data.n_val_tokens < 3.5e6  # ~2.8M per RESEARCH.md
+    val = np.asarray(data.val_tokens())
+    assert data.unigram_entropy == pytest.approx(unigram_entropy(val), rel=1e-12)
+    assert 5.0 < data.unigram_entropy < math.log(4096)
+    # Gibbs: no distribution beats val's own unigram on val.
+    assert data.val_loss_train_unigram > data.unigram_entropy
+    assert data.val_loss_train_unigram < data.unigram_entropy + 0.2
+    assert max(int(data.train_tokens().max()), int(val.max())) < data.vocab_size
+
+
+def test_second_prepare_is_a_cache_hit(bilingual):
+    cfg, data, cold = bilingual
+    before = {p.name: p.stat().st_mtime_ns for p in data.dir.iterdir()}
+    messages = []
+    t0 = time.perf_counter()
+    again = prepare(cfg, log=messages.append)
+    warm = time.perf_counter() - t0
+    assert again.dir == data.dir and again == data
+    assert {p.name: p.stat().st_mtime_ns for p in data.dir.iterdir()} == before
+    assert warm < 1.0 and warm < cold / 10, (warm, cold)
+    assert len(messages) == 1 and "cache hit" in messages[0]
+    assert [p.name for p in cfg.cache_path.iterdir()] == [data.dir.name]  # no temp left over
+    # Each setting that changes the output gets its own directory.
+    assert cache_path_for(cfg) == data.dir
+    others = [dataclasses.replace(cfg, **kw) for kw in
+              ({"split_seed": 1}, {"vocab_size": 4095}, {"val_fraction": 0.1})]
+    assert len({cache_path_for(c) for c in [cfg, *others]}) == 4
+
+
+def test_unigram_entropy_by_hand():
+    assert unigram_entropy(np.array([0, 0, 1, 1])) == pytest.approx(math.log(2))
+    assert unigram_entropy(np.array([3, 3, 3, 7])) == pytest.approx(
+        -(0.75 * math.log(0.75) + 0.25 * math.log(0.25)))
+    assert unigram_entropy(np.arange(4, dtype=np.uint16)) == pytest.approx(math.log(4))
+    assert unigram_entropy(np.array([5] * 9)) == 0.0
+    # reference [0, 0, 1] over vocab 3, add-one: q = (3, 2, 1) / 6.
+    got = unigram_cross_entropy(np.array([0, 1]), np.array([0, 0, 1]), vocab_size=3)
+    assert got == pytest.approx(-(math.log(3 / 6) + math.log(2 / 6)) / 2)
+
+
+def test_train_batches_are_a_function_of_seed_and_step():
+    tokens = (np.arange(50_000) % 60_000).astype(np.uint16)  # token value = its position
+    b = TrainBatches(tokens, batch_size=8, seq_len=32, seed=3)
+    x, y = b.batch(5)
+    assert x.shape == y.shape == (8, 32) and x.dtype == y.dtype == torch.int64
+    starts = b.starts(5)
+    for row, s in zip(x, starts):
+        assert torch.equal(row, torch.arange(s, s + 32))  # a contiguous window
+    assert torch.equal(y[:, :-1], x[:, 1:]) and torch.equal(y[:, -1], x[:, -1] + 1)
+    # Resuming: a fresh object at step 5 gives what a run through steps 0..5 saw.
+    run = TrainBatches(tokens, 8, 32, seed=3)
+    seen = [run.batch(i) for i in range(6)]
+    assert torch.equal(seen[5][0], x) and torch.equal(seen[5][1], y)
+    assert not torch.equal(seen[4][0], x)
+    assert not torch.equal(TrainBatches(tokens, 8, 32, seed=4).batch(5)[0], x)
+    # Over many steps every start where a full window fits is drawn, and no other.
+    short = TrainBatches(np.arange(40, dtype=np.uint16), batch_size=8, seq_len=8, seed=0)
+    drawn = np.concatenate([short.starts(i) for i in range(200)])
+    assert set(drawn.tolist()) == set(range(40 - 8))
+    tiny = TrainBatches(np.arange(5, dtype=np.uint16), 4, 4, seed=0)
+    assert torch.equal(tiny.batch(0)[1][:, -1], torch.full((4,), 4))
+    with pytest.raises(ValueError, match="seq_len"):
+        TrainBatches(np.arange(4, dtype=np.uint16), 1, 4, seed=0)
+
+
+def test_train_batches_on_the_corpus(bilingual):
+    _, data, _ = bilingual
+    b = TrainBatches(data.train_tokens(), batch_size=4, seq_len=256, seed=0)
+    x, y = b.batch(123)
+    assert x.shape == (4, 256) and 0 <= int(x.min()) and int(y.max()) < data.vocab_size
+    assert torch.equal(x, TrainBatches(data.train_tokens(), 4, 256, seed=0).batch(123)[0])
+
+
+def test_val_batches_fixed_and_sequential():
+    val = np.arange(1000, dtype=np.uint16)
+    first = val_batches(val, batch_size=3, seq_len=10, max_tokens=95)
+    second = val_batches(val, batch_size=3, seq_len=10, max_tokens=95)
+    assert [len(x) for x, _ in first] == [3, 3, 3]  # 95 // 10 = 9 windows
+    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(first, second))
+    x = torch.cat([x for x, _ in first])
+    y = torch.cat([y for _, y in first])
+    assert torch.equal(x.flatten(), torch.arange(90))  # consecutive, non-overlapping
+    assert torch.equal(y.flatten(), torch.arange(1, 91))
+    everything = val_batches(val, batch_size=64, seq_len=10)
+    assert [len(x) for x, _ in everything] == [64, 35]  # (1000 - 1) // 10 = 99 windows
+    assert val_batches(val, 4, 10, max_tokens=0) == []
+    with pytest.raises(ValueError):
+        val_batches(val[:10], 4, 10)
+
+
+def test_text_corpus(tmp_path):
+    (tmp_path / "a.txt").write_text(
+        "First paragraph about apples.\nStill the first.\n\nSecond one, pears.\n\n\n"
+        "Third: 第三段中文。\n\nSecond one, pears.\n", encoding="utf-8")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "b.jsonl").write_text(
+        "\n".join(json.dumps({"text": f"json document number {i} with words"}) for i in range(6)),
+        encoding="utf-8")
+    cfg = DataConfig(corpus="text", paths=(str(tmp_path / "*.txt"), str(tmp_path / "**/*.jsonl")),
+                     vocab_size=300, val_fraction=0.2, cache_dir=str(tmp_path / "cache"))
+    data = prepare(cfg, log=lambda _: None)
+    assert data.meta["n_docs"] == 3 + 6  # the repeated paragraph is dropped
+    assert (data.meta["n_train_docs"], data.meta["n_val_docs"]) == (7, 2)
+    assert data.vocab_size <= 300 and data.eot_id == 0
+    tok = data.tokenizer()
+    for s in ("Third: 第三段中文。", "First paragraph about apples.\nStill the first."):
+        assert tok.decode(tok.encode(s).ids) == s
+    assert int((data.val_tokens() == 0).sum()) == 2
+    # The cache key is the content: same bytes -> same dir, an edit -> a new one.
+    assert prepare(cfg, log=lambda _: None).dir == data.dir
+    (tmp_path / "a.txt").write_text("Changed.\n\nText.\n", encoding="utf-8")
+    assert prepare(cfg, log=lambda _: None).dir != data.dir
+
+
+def test_tokens_corpus(tmp_path):
+    arr = (np.arange(20_000) * 7 % 500).astype(np.uint16)
+    arr.tofile(tmp_path / "train.bin")
+    cfg = DataConfig(corpus="tokens", paths=(str(tmp_path / "train.bin"),), vocab_size=500,
+                     cache_dir=str(tmp_path / "cache"))
+    data = prepare(cfg, log=lambda _: None)
+    assert data.tokenizer_path is None and data.vocab_size == 500
+    assert np.array_equal(data.train_tokens(), arr[:19_000])  # last 5% is val
+    assert np.array_equal(data.val_tokens(), arr[19_000:])
+    assert data.unigram_entropy == pytest.approx(unigram_entropy(arr[19_000:]))
+    assert not any(p.suffix == ".bin" for p in data.dir.iterdir())  # nothing copied
+
+    val = np.arange(300, dtype=np.uint32)
+    arr.astype(np.uint32).tofile(tmp_path / "t32.bin")
+    val.tofile(tmp_path / "v32.bin")
+    two = DataConfig(corpus="tokens", paths=(str(tmp_path / "t32.bin"), str(tmp_path / "v32.bin")),
+                     dtype="uint32", vocab_size=500, cache_dir=str(tmp_path / "cache"))
+    data2 = prepare(two, log=lambda _: None)
+    assert len(data2.train_tokens()) == 20_000 and np.array_equal(data2.val_tokens(), val)
+
+    small = DataConfig(corpus="tokens", paths=cfg.paths, vocab_size=499, cache_dir=cfg.cache_dir)
+    with pytest.raises(ConfigError, match=r"data.vocab_size=499 .*reach 499"):
+        prepare(small, log=lambda _: None)
+
+
+@pytest.mark.parametrize("kwargs, key", [
+    ({"corpus": "wiki"}, "data.corpus"),
+    ({"vocab_size": 100}, "data.vocab_size"),
+    ({"vocab_size": 4096.0}, "data.vocab_size"),
+    ({"val_fraction": 0.0}, "data.val_fraction"),
+    ({"val_fraction": 0.6}, "data.val_fraction"),
+    ({"split_seed": -1}, "data.split_seed"),
+    ({"paths": ("x.txt",)}, "data.paths"),  # bilingual takes no paths
+    ({"corpus": "text"}, "data.paths"),
+    ({"corpus": "text", "paths": ("/nonexistent/*.txt",)}, "data.paths"),
+    ({"corpus": "tokens", "paths": ("/nonexistent.bin",)}, "data.paths"),
+    ({"dtype": "int8"}, "data.dtype"),
+])
+def test_bad_config_names_the_key(kwargs, key):
+    with pytest.raises(ConfigError, match="^" + key.replace(".", r"\.") + "="):
+        DataConfig(**kwargs)
+
+
+def test_bad_text_and_token_files(tmp_path):
+    (tmp_path / "notes.md").write_text("x")
+    with pytest.raises(ConfigError, match="only .txt/.jsonl"):
+        DataConfig(corpus="text", paths=(str(tmp_path / "notes.md"),))
+    (tmp_path / "odd.bin").write_bytes(b"\x00\x01\x02")
+    with pytest.raises(ConfigError, match="not a non-empty array of uint16"):
+        DataConfig(corpus="tokens", paths=(str(tmp_path / "odd.bin"),))
+    with pytest.raises(ConfigError, match="no file matches"):
+        DataConfig(corpus="text", paths=(str(tmp_path / "*.txt"),))
+
+
+def test_concurrent_prepare_keeps_the_winner(tmp_path, monkeypatch):
+    """A process that finishes second discards its copy and uses the first one's."""
+    import trainer.data as data_mod
+
+    (tmp_path / "a.txt").write_text("one\n\ntwo\n\nthree\n\nfour\n", encoding="utf-8")
+    cfg = DataConfig(corpus="text", paths=(str(tmp_path / "a.txt"),), vocab_size=260,
+                     val_fraction=0.25, cache_dir=str(tmp_path / "cache"))
+    build = data_mod._build_text
+    winner, calls = [], []
+
+    def racing_build(c, out):
+        calls.append(out)
+        if len(calls) == 1:  # a rival starts and finishes while this build is running
+            winner.append(prepare(c, log=lambda _: None))
+        return build(c, out)
+
+    monkeypatch.setattr(data_mod, "_build_text", racing_build)
+    got = prepare(cfg, log=lambda _: None)
+    assert got.dir == winner[0].dir and len(calls) == 2 and not calls[0].exists()
+    assert (got.dir / "meta.json").stat().st_mtime_ns == (winner[0].dir / "meta.json").stat().st_mtime_ns
+    assert [p.name for p in cfg.cache_path.iterdir()] == [got.dir.name]  # temp dir removed
