@@ -103,6 +103,12 @@ def _corner_params(space: SweepSpace) -> list[dict[str, Any]]:
     return points
 
 
+def _quiet_libraries() -> None:
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
 def connect_ray(ray_cfg: dict[str, Any]) -> None:
     import ray
 
@@ -133,6 +139,7 @@ def _run(conf: SmallinitSweeperConf, loader, base: DictConfig, arguments: list[s
     from .study import Study, default_storage_url, make_sampler, open_storage
 
     _check_sweeper_conf(conf)
+    _quiet_libraries()
     space = parse_sweep(arguments, dict(conf.params) if conf.params else None)
     sweep_dir = Path(base.hydra.sweep.dir).resolve()
     composer = Composer(loader, base, space, sweep_dir)
@@ -207,7 +214,7 @@ def _plan(conf, space, study, specs, composer):
 
 def _tune(conf, ray_cfg, space, study, pending, n_new, composer, sweep_dir, total, skipped) -> str | None:
     os.environ.setdefault("RAY_CHDIR_TO_TRIAL_DIR", "0")
-    os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # our ProgressTable is the display
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 
@@ -219,7 +226,9 @@ def _tune(conf, ray_cfg, space, study, pending, n_new, composer, sweep_dir, tota
     steps = [p.spec.trial.train.total_steps for p in pending] or [composer.spec(_corner_params(space)[0]).trial.train.total_steps]
     if conf.asha.enabled:
         max_t = max(steps)
-        scheduler = ASHAScheduler(time_attr="step", max_t=max_t, grace_period=conf.asha.grace_period or max(1, max_t // 4),
+        # max_t + 1: ASHA stops a trial that reaches max_t, which would cut it off before
+        # it writes its results; finishing trials must end on their own.
+        scheduler = ASHAScheduler(time_attr="step", max_t=max_t + 1, grace_period=conf.asha.grace_period or max(1, max_t // 4),
                                   reduction_factor=conf.asha.reduction_factor)
     else:
         scheduler = FIFOScheduler()
@@ -236,7 +245,8 @@ def _tune(conf, ray_cfg, space, study, pending, n_new, composer, sweep_dir, tota
     tuner = tune.Tuner(
         tune.with_resources(run_spec, resources),
         tune_config=tune.TuneConfig(metric=METRIC, mode="min", search_alg=searcher, scheduler=scheduler,
-                                    num_samples=len(pending) + n_new, max_concurrent_trials=conf.max_concurrent),
+                                    num_samples=len(pending) + n_new, max_concurrent_trials=conf.max_concurrent,
+                                    trial_name_creator=_trial_name, trial_dirname_creator=_trial_name),
         run_config=tune.RunConfig(name="tune", storage_path=str(sweep_dir / "ray"), callbacks=[progress], verbose=0,
                                   stop=AbortStopper(), failure_config=tune.FailureConfig(max_failures=conf.max_retries)),
     )
@@ -245,6 +255,10 @@ def _tune(conf, ray_cfg, space, study, pending, n_new, composer, sweep_dir, tota
     finally:
         progress.close()
     return searcher.aborted
+
+
+def _trial_name(trial) -> str:
+    return f"trial_{trial.config['number']}_{trial.config['spec'].identity}"
 
 
 def _finish(sweep_dir: Path, study, aborted: str | None) -> list[dict[str, Any]]:
@@ -261,7 +275,8 @@ def _finish(sweep_dir: Path, study, aborted: str | None) -> list[dict[str, Any]]
     done = df[df["state"] == "COMPLETE"].dropna(subset=["final_val_loss"]) if not df.empty else df
     if not done.empty:
         best = done.loc[done["final_val_loss"].idxmin()]
-        params = {c.removeprefix("param."): best[c] for c in df.columns if c.startswith("param.")}
+        params = {c.removeprefix("param."): best[c].item() if hasattr(best[c], "item") else best[c]
+                  for c in df.columns if c.startswith("param.")}
         print(f"best: trial {best['trial_number']} {params} val loss {best['final_val_loss']:.4f} -> {best['trial_dir']}")
     if aborted:
         sys.exit(f"error: {aborted}")

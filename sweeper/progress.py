@@ -62,6 +62,9 @@ class ProgressTable(tune.Callback):
             params = " ".join(f"{k}={v}" for k, v in row["params"].items())
             self.console.print(f"trial {row['number']} {row['state']} {params}{val}", highlight=False)
 
+    def __getstate__(self) -> dict:  # Tune pickles callbacks at start; the console does not pickle
+        return {"swept_keys": self.swept_keys, "total": self.total, "skipped": self.skipped}
+
     def on_trial_start(self, iteration, trials, trial, **info):
         self._update(trial, "RUNNING")
 

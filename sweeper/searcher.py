@@ -102,6 +102,10 @@ class StudySearcher(Searcher):
             log.error(self.aborted)
 
     # The study is the durable state; Tune's own experiment checkpoints need nothing from us.
+    # (Tune pickles its searcher and callbacks when a run starts: keep only what pickles.)
+    def __getstate__(self) -> dict:
+        return {"_metric": self._metric, "_mode": self._mode}
+
     def save(self, checkpoint_path: str) -> None:
         pass
 
