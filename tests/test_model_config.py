@@ -34,9 +34,19 @@ NAN = float("nan")
 
 # (id, thunk that builds the invalid config, key the message must name, bad value as printed)
 INVALID = [
-    ("heads-not-dividing-d_model", lambda: ModelConfig(d_model=100, n_heads=3), "model.n_heads", "3"),
+    (
+        "heads-not-dividing-d_model",
+        lambda: ModelConfig(d_model=100, n_heads=3),
+        "model.n_heads",
+        "3",
+    ),
     ("odd-head_dim", lambda: ModelConfig(d_model=12, n_heads=4), "model.n_heads", "4"),
-    ("kv-heads-not-dividing-heads", lambda: ModelConfig(n_heads=4, n_kv_heads=3), "model.n_kv_heads", "3"),
+    (
+        "kv-heads-not-dividing-heads",
+        lambda: ModelConfig(n_heads=4, n_kv_heads=3),
+        "model.n_kv_heads",
+        "3",
+    ),
     ("kv-heads-above-heads", lambda: ModelConfig(n_heads=4, n_kv_heads=8), "model.n_kv_heads", "8"),
     ("kv-heads-zero", lambda: ModelConfig(n_kv_heads=0), "model.n_kv_heads", "0"),
     ("d_model-zero", lambda: ModelConfig(d_model=0), "model.d_model", "0"),
@@ -48,7 +58,12 @@ INVALID = [
     ("rope_theta-zero", lambda: ModelConfig(rope_theta=0.0), "model.rope_theta", "0.0"),
     ("rope_theta-inf", lambda: ModelConfig(rope_theta=math.inf), "model.rope_theta", "inf"),
     ("norm-not-a-NormConfig", lambda: ModelConfig(norm="rmsnorm"), "model.norm", "'rmsnorm'"),
-    ("init-not-an-InitConfig", lambda: ModelConfig(init={"gamma": 1.0}), "model.init", "{'gamma': 1.0}"),
+    (
+        "init-not-an-InitConfig",
+        lambda: ModelConfig(init={"gamma": 1.0}),
+        "model.init",
+        "{'gamma': 1.0}",
+    ),
     ("gamma-zero", lambda: InitConfig(gamma=0.0), "init.gamma", "0.0"),
     ("gamma-negative", lambda: InitConfig(gamma=-0.5), "init.gamma", "-0.5"),
     ("gamma-nan", lambda: InitConfig(gamma=NAN), "init.gamma", "nan"),
@@ -57,8 +72,18 @@ INVALID = [
     ("gamma-none", lambda: InitConfig(gamma=None), "init.gamma", "None"),
     ("embedding_gamma-zero", lambda: InitConfig(embedding_gamma=0), "init.embedding_gamma", "0"),
     ("lm_head_gamma-nan", lambda: InitConfig(lm_head_gamma=NAN), "init.lm_head_gamma", "nan"),
-    ("attn_out_gamma-negative", lambda: InitConfig(attn_out_gamma=-1.0), "init.attn_out_gamma", "-1.0"),
-    ("mlp_out_gamma-string", lambda: InitConfig(mlp_out_gamma="big"), "init.mlp_out_gamma", "'big'"),
+    (
+        "attn_out_gamma-negative",
+        lambda: InitConfig(attn_out_gamma=-1.0),
+        "init.attn_out_gamma",
+        "-1.0",
+    ),
+    (
+        "mlp_out_gamma-string",
+        lambda: InitConfig(mlp_out_gamma="big"),
+        "init.mlp_out_gamma",
+        "'big'",
+    ),
     ("seed-negative", lambda: InitConfig(seed=-1), "init.seed", "-1"),
     ("seed-float", lambda: InitConfig(seed=1.5), "init.seed", "1.5"),
     # Seeds feed torch.Generator.manual_seed(seed * 1_000_003 + crc32(name)), which overflows
@@ -81,7 +106,9 @@ INVALID = [
 ]
 
 
-@pytest.mark.parametrize(("make", "key", "value"), [c[1:] for c in INVALID], ids=[c[0] for c in INVALID])
+@pytest.mark.parametrize(
+    ("make", "key", "value"), [c[1:] for c in INVALID], ids=[c[0] for c in INVALID]
+)
 def test_invalid_config_names_key_and_value(make, key, value):
     with pytest.raises(ConfigError) as exc:
         make()
@@ -131,7 +158,9 @@ def test_changing_n_heads_keeps_a_config_without_gqa_without_gqa():
 
 
 def test_largest_seed_builds():
-    cfg = ModelConfig(d_model=32, n_heads=2, n_layers=1, d_ff=32, vocab_size=16, init=InitConfig(seed=2**32 - 1))
+    cfg = ModelConfig(
+        d_model=32, n_heads=2, n_layers=1, d_ff=32, vocab_size=16, init=InitConfig(seed=2**32 - 1)
+    )
     assert Transformer(cfg).tok_emb.weight.std() > 0
 
 

@@ -15,7 +15,12 @@ from model.layers import MoE, apply_rope, rope_tables
 def tiny_cfg(gamma: float = 0.5, seed: int = 0, **kw) -> ModelConfig:
     """gamma = 0.5 by default so attention scores and gates are far from trivial."""
     base = dict(
-        d_model=64, n_layers=2, n_heads=4, d_ff=96, vocab_size=97, max_seq_len=16,
+        d_model=64,
+        n_layers=2,
+        n_heads=4,
+        d_ff=96,
+        vocab_size=97,
+        max_seq_len=16,
         init=InitConfig(gamma=gamma, seed=seed),
     )
     base.update(kw)
@@ -95,7 +100,9 @@ def reference_logits(model: Transformer, idx: torch.Tensor) -> torch.Tensor:
 
     def norm(mod, x):
         if cfg.norm.type == "rmsnorm":
-            return x / torch.sqrt((x**2).mean(-1, keepdim=True) + cfg.norm.eps) * mod.weight.double()
+            return (
+                x / torch.sqrt((x**2).mean(-1, keepdim=True) + cfg.norm.eps) * mod.weight.double()
+            )
         mu = x.mean(-1, keepdim=True)
         var = ((x - mu) ** 2).mean(-1, keepdim=True)
         return (x - mu) / torch.sqrt(var + cfg.norm.eps) * mod.weight.double() + mod.bias.double()
@@ -186,7 +193,7 @@ def test_rope_is_a_rotation_that_depends_on_relative_position():
     rq, rk = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
     torch.testing.assert_close(rq.norm(dim=-1), q.norm(dim=-1))  # norm-preserving
     torch.testing.assert_close(rq[..., 0, :], q[..., 0, :])  # position 0 is the identity
-    dots = (rq[0, 0] @ rk[0, 0].t())  # (T, T): <R_m q, R_n k>
+    dots = rq[0, 0] @ rk[0, 0].t()  # (T, T): <R_m q, R_n k>
     for offset in (0, 3, -5):
         diag = torch.diagonal(dots, offset)
         torch.testing.assert_close(diag, diag[:1].expand_as(diag), rtol=1e-4, atol=1e-4)
@@ -271,7 +278,9 @@ def test_gate_is_query_dependent():
     cfg = tiny_cfg(attn=AttnConfig(gate="headwise"))
     model = Transformer(cfg)
     seen = {}
-    model.blocks[0].attn.gate_proj.register_forward_hook(lambda m, a, out: seen.setdefault("g", out))
+    model.blocks[0].attn.gate_proj.register_forward_hook(
+        lambda m, a, out: seen.setdefault("g", out)
+    )
     model(tokens(cfg, B=1))
     g = torch.sigmoid(seen["g"])[0]  # (T, H)
     assert g.shape == (cfg.max_seq_len, cfg.n_heads)

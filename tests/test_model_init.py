@@ -49,7 +49,9 @@ def small_cfg(d_model: int = 128, variant: str = "dense", **init) -> ModelConfig
         init=InitConfig(**init),
     )
     if variant == "dense":  # headwise gate, RMSNorm, untied head, GQA
-        return ModelConfig(n_layers=2, n_kv_heads=d_model // 32, attn=AttnConfig(gate="headwise"), **common)
+        return ModelConfig(
+            n_layers=2, n_kv_heads=d_model // 32, attn=AttnConfig(gate="headwise"), **common
+        )
     # MoE, elementwise gate, LayerNorm (so biases exist), untied head
     return ModelConfig(
         n_layers=1,
@@ -251,7 +253,15 @@ def test_gamma_only_rescales_the_same_noise(g1, g2):
         dict(max_seq_len=64),
         dict(tie_embeddings=True),
     ],
-    ids=["gate-headwise", "gate-elementwise", "eps", "layernorm", "n_layers", "max_seq_len", "tied"],
+    ids=[
+        "gate-headwise",
+        "gate-elementwise",
+        "eps",
+        "layernorm",
+        "n_layers",
+        "max_seq_len",
+        "tied",
+    ],
 )
 def test_unrelated_config_keeps_shared_weights_identical(change):
     base = small_cfg(128, "dense", gamma=1.0, seed=9).replace(attn=AttnConfig(gate="none"))
@@ -320,6 +330,8 @@ def test_meta_build_then_to_empty_and_init_equals_direct_build():
     direct = Transformer(cfg)
     for (name, p), q in zip(model.named_parameters(), direct.parameters()):
         assert torch.equal(p, q), name
-    assert torch.equal(model.rope_cos, direct.rope_cos) and torch.equal(model.rope_sin, direct.rope_sin)
+    assert torch.equal(model.rope_cos, direct.rope_cos) and torch.equal(
+        model.rope_sin, direct.rope_sin
+    )
     idx = torch.randint(0, cfg.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0))
     assert torch.equal(model(idx), direct(idx))

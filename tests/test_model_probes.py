@@ -8,7 +8,15 @@ import math
 import pytest
 import torch
 
-from model import AttnConfig, FFNConfig, InitConfig, ModelConfig, NormConfig, Transformer, run_probes
+from model import (
+    AttnConfig,
+    FFNConfig,
+    InitConfig,
+    ModelConfig,
+    NormConfig,
+    Transformer,
+    run_probes,
+)
 from model.probes import (
     activation_probes,
     first_token_mass,
@@ -22,7 +30,12 @@ from model.probes import (
 
 def tiny_cfg(gamma: float = 0.5, seed: int = 0, **kw) -> ModelConfig:
     base = dict(
-        d_model=64, n_layers=2, n_heads=4, d_ff=96, vocab_size=97, max_seq_len=16,
+        d_model=64,
+        n_layers=2,
+        n_heads=4,
+        d_ff=96,
+        vocab_size=97,
+        max_seq_len=16,
         init=InitConfig(gamma=gamma, seed=seed),
     )
     base.update(kw)
@@ -74,7 +87,9 @@ def test_row_cosine_of_parallel_rows_is_one():
     v = torch.randn(32, generator=torch.Generator().manual_seed(0))
     w = torch.stack([v, 2 * v, -0.5 * v, 10 * v])
     cos = row_cosine_matrix(w)
-    torch.testing.assert_close(cos, torch.tensor([1.0, 1, -1, 1]).outer(torch.tensor([1.0, 1, -1, 1])))
+    torch.testing.assert_close(
+        cos, torch.tensor([1.0, 1, -1, 1]).outer(torch.tensor([1.0, 1, -1, 1]))
+    )
     assert mean_abs_offdiag(cos) == pytest.approx(1.0, abs=1e-6)
 
 
@@ -96,7 +111,9 @@ def test_row_cosine_known_angle_and_row_limit():
 
 
 def test_weight_probes_cover_every_block_matrix():
-    cfg = tiny_cfg(attn=AttnConfig(gate="headwise"), ffn=FFNConfig(type="moe", n_experts=3, top_k=1))
+    cfg = tiny_cfg(
+        attn=AttnConfig(gate="headwise"), ffn=FFNConfig(type="moe", n_experts=3, top_k=1)
+    )
     model = Transformer(cfg)
     mats = weight_matrices(model)
     # per layer: q, k, v, o, gate_proj, router, 3 experts x (w1, w2, w3)
@@ -107,7 +124,11 @@ def test_weight_probes_cover_every_block_matrix():
     assert res.scalars["row_cosine/blocks.1.attn.o_proj"] == pytest.approx(
         mean_abs_offdiag(row_cosine_matrix(w))
     )
-    sr = [v for k, v in res.scalars.items() if k.startswith("stable_rank/") and k != "stable_rank/mean"]
+    sr = [
+        v
+        for k, v in res.scalars.items()
+        if k.startswith("stable_rank/") and k != "stable_rank/mean"
+    ]
     assert len(sr) == len(mats)
     assert res.scalars["stable_rank/mean"] == pytest.approx(sum(sr) / len(sr))
     assert res.cosine_matrices["blocks.0.attn.q_proj"].shape == (64, 64)
@@ -137,7 +158,9 @@ def test_first_token_mass_keeps_leading_dims():
     T = 8
     sink = torch.zeros(T, T)
     sink[:, 0] = 1.0  # every query on token 0
-    att = torch.stack([uniform_causal(T), sink, torch.eye(T)])[None].expand(2, 3, T, T)  # (B, H, T, T)
+    att = torch.stack([uniform_causal(T), sink, torch.eye(T)])[None].expand(
+        2, 3, T, T
+    )  # (B, H, T, T)
     out = first_token_mass(att)
     assert out.shape == (2, 3)
     torch.testing.assert_close(out[0], torch.tensor([uniform_sink(T), 1.0, 0.0]))
@@ -149,7 +172,11 @@ def test_first_token_mass_keeps_leading_dims():
         {},
         dict(n_kv_heads=2),
         dict(n_kv_heads=1, attn=AttnConfig(gate="elementwise")),
-        dict(n_kv_heads=2, attn=AttnConfig(gate="headwise"), ffn=FFNConfig(type="moe", n_experts=4, top_k=2)),
+        dict(
+            n_kv_heads=2,
+            attn=AttnConfig(gate="headwise"),
+            ffn=FFNConfig(type="moe", n_experts=4, top_k=2),
+        ),
     ],
     ids=["mha", "gqa", "mqa-elementwise", "gqa-headwise-moe"],
 )
@@ -207,13 +234,18 @@ def test_run_probes_leaves_model_unchanged():
     idx = tokens(cfg.vocab_size, 2, 10)
     res = run_probes(model, idx)
     assert model.training
-    assert all(not b.attn.capture_attention and b.attn.captured_first_token_mass is None for b in model.blocks)
+    assert all(
+        not b.attn.capture_attention and b.attn.captured_first_token_mass is None
+        for b in model.blocks
+    )
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
     for kind in ("attn_sink", "saturation", "residual_ratio", "stable_rank", "row_cosine"):
         assert math.isfinite(res.scalars[f"{kind}/mean"]), kind
     assert res.scalars["moe_max_load/blocks.0"] >= 1.0
     # 2 norms per block + final norm
-    assert len([k for k in res.scalars if k.startswith("saturation/") and k != "saturation/mean"]) == 5
+    assert (
+        len([k for k in res.scalars if k.startswith("saturation/") and k != "saturation/mean"]) == 5
+    )
 
 
 # --------------------------------------------------------------------------- saturation
@@ -222,8 +254,14 @@ def test_run_probes_leaves_model_unchanged():
 def wide_cfg(eps: float, norm: str = "rmsnorm") -> ModelConfig:
     """d_model = 2048 at gamma = 1, everything else tiny: only the embedding reaches norm1."""
     return ModelConfig(
-        d_model=2048, n_layers=1, n_heads=16, d_ff=64, vocab_size=64, max_seq_len=16,
-        norm=NormConfig(type=norm, eps=eps), init=InitConfig(gamma=1.0, seed=0),
+        d_model=2048,
+        n_layers=1,
+        n_heads=16,
+        d_ff=64,
+        vocab_size=64,
+        max_seq_len=16,
+        norm=NormConfig(type=norm, eps=eps),
+        init=InitConfig(gamma=1.0, seed=0),
     )
 
 
@@ -245,7 +283,9 @@ def test_saturation_probe_is_ms_over_ms_plus_eps_of_the_embedding():
     x = model.tok_emb.weight[idx].double()
     ms = x.pow(2).mean(-1)
     expected = (ms / (ms + 1e-5)).mean().item()
-    assert activation_probes(model, idx)["saturation/blocks.0.norm1"] == pytest.approx(expected, rel=1e-5)
+    assert activation_probes(model, idx)["saturation/blocks.0.norm1"] == pytest.approx(
+        expected, rel=1e-5
+    )
 
 
 def test_saturated_norm_damps_its_output():
@@ -269,8 +309,14 @@ def residual_slope(gamma: float, eps: float, seed: int = 0) -> float:
     idx = tokens(256, 4, 32)
     for d in WIDTHS:
         cfg = ModelConfig(
-            d_model=d, n_layers=1, n_heads=d // 32, d_ff=2 * d, vocab_size=256, max_seq_len=32,
-            norm=NormConfig(eps=eps), init=InitConfig(gamma=gamma, seed=seed),
+            d_model=d,
+            n_layers=1,
+            n_heads=d // 32,
+            d_ff=2 * d,
+            vocab_size=256,
+            max_seq_len=32,
+            norm=NormConfig(eps=eps),
+            init=InitConfig(gamma=gamma, seed=seed),
         )
         ratios.append(activation_probes(Transformer(cfg), idx)["residual_ratio/blocks.0"])
     x = torch.tensor([math.log(w) for w in WIDTHS], dtype=torch.float64)
@@ -306,4 +352,6 @@ def test_residual_ratio_probe_is_update_over_stream():
     x = model.tok_emb(idx)
     out, _ = model.blocks[0](x, model.rope_cos, model.rope_sin)
     expected = ((out - x).norm(dim=-1) / x.norm(dim=-1)).mean().item()
-    assert activation_probes(model, idx)["residual_ratio/blocks.0"] == pytest.approx(expected, rel=1e-5)
+    assert activation_probes(model, idx)["residual_ratio/blocks.0"] == pytest.approx(
+        expected, rel=1e-5
+    )

@@ -1,0 +1,72 @@
+"""Shared fixtures: the real Hydra config, composed and shrunk; one prepared corpus per run."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+CONF = REPO / "conf"
+
+# Tiny but real: the bundled bilingual corpus, the nano model, a few optimizer steps.
+TINY = [
+    "model=nano",
+    "train.batch_size=4",
+    "train.seq_len=32",
+    "train.max_tokens=1024",
+    "train.eval_every=4",
+    "train.eval_tokens=512",
+    "train.per_token_eval_tokens=256",
+    "train.probe_every=4",
+    "train.ckpt_every=4",
+    "train.threads=1",
+    "wandb.mode=disabled",
+]
+
+
+@pytest.fixture(scope="session")
+def data_cache(tmp_path_factory) -> Path:
+    """A session-wide corpus cache (SMALLINIT_CACHE), prepared once on first use.
+
+    Set SMALLINIT_TEST_CACHE to reuse a cache between local test runs."""
+    path = Path(os.environ.get("SMALLINIT_TEST_CACHE") or tmp_path_factory.mktemp("smallinit-cache"))
+    os.environ["SMALLINIT_CACHE"] = str(path)
+    from trainer.data import DataConfig, prepare
+
+    prepare(DataConfig(cache_dir=str(path)), log=lambda *_: None)
+    return path
+
+
+@pytest.fixture
+def compose(data_cache):
+    """compose(*overrides) -> the resolved config dict, as sweep.py would see it."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from omegaconf import OmegaConf
+
+    def _compose(*overrides: str, tiny: bool = True) -> dict:
+        with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+            cfg = hydra_compose("config", overrides=[*(TINY if tiny else []), *overrides])
+        return OmegaConf.to_container(cfg, resolve=True)
+
+    return _compose
+
+
+@pytest.fixture
+def trial_config(compose):
+    """trial_config(*overrides) -> a validated TrialConfig of the tiny setting."""
+    from trainer.config import trial_config_from_dict
+
+    return lambda *overrides: trial_config_from_dict(compose(*overrides))
+
+
+def run_cli(args: list[str], cwd: Path, timeout: float = 600, env: dict | None = None):
+    """Run `python sweep.py ARGS` as a user would, from cwd, and return the CompletedProcess."""
+    import subprocess
+
+    full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
+    return subprocess.run([sys.executable, str(REPO / "sweep.py"), *args], cwd=cwd, env=full_env,
+                          capture_output=True, text=True, timeout=timeout)

@@ -1,0 +1,158 @@
+"""The training loop: budgets, schedule, determinism, resume, divergence, outputs, the CLI."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from model import ConfigError
+from trainer.config import OptimConfig, trial_config_from_dict
+from trainer.loop import TrialDiverged, flops_per_token, load_result, lr_at, run_trial
+
+from .conftest import run_cli
+
+
+def _losses(out_dir):
+    rows = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
+    return [(r["step"], r.get("train/loss"), r.get("val/loss")) for r in rows]
+
+
+def test_lr_schedules_follow_their_shapes():
+    total = 100
+    cos = OptimConfig(lr=1.0, warmup_frac=0.1, min_lr_ratio=0.1, schedule="cosine")
+    lrs = [lr_at(s, total, cos) for s in range(total)]
+    assert lrs[0] == pytest.approx(0.1) and lrs[9] == pytest.approx(1.0)  # linear warmup over 10 steps
+    assert all(a >= b for a, b in zip(lrs[9:], lrs[10:]))  # then non-increasing
+    assert lrs[-1] == pytest.approx(0.1, abs=1e-3)
+    wsd = OptimConfig(lr=1.0, warmup_frac=0.0, decay_frac=0.2, min_lr_ratio=0.0, schedule="wsd")
+    lrs = [lr_at(s, total, wsd) for s in range(total)]
+    assert lrs[:80] == [1.0] * 80 and lrs[90] == pytest.approx(0.5) and lrs[99] == pytest.approx(0.05)
+
+
+def test_budget_in_tokens_or_steps(trial_config):
+    t = trial_config("train.max_tokens=4096").train
+    assert t.total_steps == 4096 // (4 * 32)
+    assert trial_config("train.max_steps=3").train.total_steps == 3
+    with pytest.raises(ConfigError, match="train.max_tokens"):
+        trial_config("train.max_tokens=0")
+
+
+def test_flops_formula_matches_palm(trial_config):
+    trial = trial_config()
+    m = trial.model
+    n_matmul = m.num_params() - 0  # nano ties its embeddings: the LM head matmul counts
+    assert flops_per_token(trial) == 6 * n_matmul + 12 * m.n_layers * m.d_model * trial.train.seq_len
+
+
+def test_same_config_same_curve(trial_config, tmp_path):
+    trial = trial_config()
+    run_trial(trial, tmp_path / "a", log=lambda *_: None)
+    run_trial(trial, tmp_path / "b", log=lambda *_: None)
+    assert _losses(tmp_path / "a") == _losses(tmp_path / "b")
+    assert _losses(tmp_path / "a")[-1][2] is not None
+
+
+def test_outputs_of_a_trial(trial_config, tmp_path):
+    trial = trial_config()
+    result = run_trial(trial, tmp_path, log=lambda *_: None)
+    assert load_result(tmp_path)["identity"] == trial.identity() == result.identity
+    assert result.steps == 8 and result.tokens == 1024 and result.n_params == trial.model.num_params()
+    per_token = np.load(tmp_path / "per_token_losses.npz")
+    assert per_token["loss"].shape == per_token["targets"].shape == (256,)
+    # The saved per-token losses average to the loss the model gives that slice.
+    assert np.isfinite(per_token["loss"]).all() and 0 < per_token["loss"].mean() < 10
+    metrics = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [0, 4, 8]
+    assert all("stable_rank/mean" in m and "attn_sink/mean" in m for m in metrics)
+    assert sorted(p.name for p in (tmp_path / "probes").iterdir()) == ["step_0000000.npz", "step_0000004.npz", "step_0000008.npz"]
+
+
+class _StopAt:
+    """A reporter that interrupts the run, as Ctrl-C would, once step k has been logged."""
+
+    def __init__(self, k):
+        self.k = k
+
+    def log(self, step, metrics):
+        if step >= self.k:
+            raise KeyboardInterrupt
+
+    def close(self):
+        pass
+
+
+def test_resume_gives_the_same_final_loss(trial_config, tmp_path):
+    trial = trial_config("train.max_tokens=2048")  # 16 steps, checkpoints every 4
+    straight = run_trial(trial, tmp_path / "straight", log=lambda *_: None)
+    with pytest.raises(KeyboardInterrupt):
+        run_trial(trial, tmp_path / "resumed", reporter=_StopAt(9), log=lambda *_: None)
+    assert load_result(tmp_path / "resumed") is None
+    resumed = run_trial(trial, tmp_path / "resumed", log=lambda *_: None)
+    assert resumed.final_val_loss == straight.final_val_loss
+    assert _losses(tmp_path / "resumed") == _losses(tmp_path / "straight")  # no step logged twice
+
+
+def test_divergence_stops_with_the_step(trial_config, tmp_path):
+    trial = trial_config("optim.lr=1e12", "optim.grad_clip=null", "optim.warmup_frac=0", "train.max_steps=50")
+    with pytest.raises(TrialDiverged, match=r"diverged at step \d+"):
+        run_trial(trial, tmp_path, log=lambda *_: None)
+
+
+def test_tiny_lm_learns_below_unigram_entropy(trial_config, tmp_path):
+    trial = trial_config("train.max_tokens=40960", "train.batch_size=8", "train.seq_len=64",
+                         "train.eval_every=40", "train.eval_tokens=8192", "train.probe_every=0")
+    result = run_trial(trial, tmp_path, log=lambda *_: None)
+    assert result.unigram_entropy == pytest.approx(7.22, abs=0.05)
+    assert result.final_val_loss < result.unigram_entropy - 0.3
+
+
+def test_anchor_task_reaches_high_in_distribution_accuracy(trial_config, tmp_path):
+    # Measured: at lr 3e-3 in-distribution accuracy passes 0.9 near step 400 (0.98 by 600).
+    trial = trial_config("data=anchor", "train=anchor", "train.max_steps=600", "train.eval_every=600",
+                         "train.probe_every=0", "train.batch_size=100", "train.seq_len=8", "optim.schedule=constant",
+                         "optim.lr=3e-3", "init.gamma=0.5")
+    result = run_trial(trial, tmp_path, log=lambda *_: None)
+    acc = result.final_metrics["anchor/in_dist_acc"]
+    assert acc > 0.9, result.final_metrics
+    assert result.final_metrics["anchor/inferential_acc"] + result.final_metrics["anchor/symmetric_acc"] <= 1.0
+
+
+def test_cli_single_run_prints_loss_and_outputs(data_cache, tmp_path):
+    from .conftest import TINY
+
+    proc = run_cli([*TINY, "hydra.run.dir=run"], cwd=tmp_path, env={"SMALLINIT_CACHE": str(data_cache)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "unigram entropy" in proc.stdout and "outputs in" in proc.stdout
+    assert load_result(tmp_path / "run")["steps"] == 8
+
+
+def test_cli_rejects_bad_values_in_one_line(data_cache, tmp_path):
+    proc = run_cli(["init.gamma=-1", "wandb.mode=disabled"], cwd=tmp_path)
+    assert proc.returncode != 0
+    assert proc.stderr.strip().splitlines()[-1] == "error: init.gamma=-1 is invalid: must be > 0"
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").rglob("result.json"))
+
+
+def test_identity_ignores_hardware_and_paths(trial_config):
+    a = trial_config()
+    b = trial_config("train.threads=2", "train.device=cpu", "data.cache_dir=/elsewhere")
+    c = trial_config("init.gamma=0.5")
+    assert a.identity() == b.identity() != c.identity()
+
+
+def test_model_vocab_follows_the_data(compose):
+    cfg = compose("data.vocab_size=2048")
+    assert trial_config_from_dict(cfg).model.vocab_size == 2048
+    with pytest.raises(ConfigError, match="model.vocab_size"):
+        trial_config_from_dict(compose("data.vocab_size=2048", "model.vocab_size=1000"))
+
+
+def test_mfu_is_reported_only_with_a_peak(trial_config, tmp_path):
+    result = run_trial(trial_config("train.peak_tflops=1.0"), tmp_path, log=lambda *_: None)
+    assert result.mfu is not None and 0 < result.mfu < 1
+    assert math.isclose(result.mfu, result.tokens_per_s * flops_per_token(trial_config()) / 1e12, rel_tol=1e-9)
+    assert torch.get_num_threads() == 1  # train.threads=1 applied
