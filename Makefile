@@ -15,6 +15,8 @@ PIP_TORCH_INDEX := $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX),)
 
 SWEEP ?=
 ARGS ?=
+# The main job: the paper's two knobs on the CPU default model (8 trials, a few minutes).
+SWEEP_GRID ?= init.gamma=0.5,0.75,1.0,1.25 norm.eps=1e-5,1e-12
 
 .PHONY: help install sweep run test test-full report bench lint dashboard clean
 
@@ -30,8 +32,8 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]'
 	@touch $(STAMP)
 
-sweep: install ## Run the main sweep: gamma x eps on the CPU default model (ARGS=... to override)
-	$(PY) sweep.py -m $(ARGS)
+sweep: install ## Run the main sweep: gamma x eps on the CPU default model (ARGS=... adds overrides)
+	$(PY) sweep.py -m $(SWEEP_GRID) $(ARGS)
 
 run: install ## Train one trial with the defaults (ARGS=... to override)
 	$(PY) sweep.py $(ARGS)
@@ -51,9 +53,9 @@ bench: install ## Run the benchmarks, write bench/results.json and bench/results
 lint: install ## ruff check
 	$(VENV)/bin/ruff check .
 
-dashboard: install ## Open optuna-dashboard on the newest sweep's study
+dashboard: install ## Open optuna-dashboard on the newest sweep's study (or SWEEP=sweeps/<name>)
 	$(PY) -m pip install -q optuna-dashboard
-	$(VENV)/bin/optuna-dashboard $$($(PY) -m sweeper.storage --newest-url)
+	$(VENV)/bin/optuna-dashboard sqlite:///$$(realpath $${SWEEP:-$$(ls -td sweeps/*/ | head -1)})/optuna.db
 
 clean: ## Remove build and test debris (keeps sweeps, reports and the venv)
 	rm -rf .pytest_cache .ruff_cache build *.egg-info

@@ -48,5 +48,18 @@ def main(cfg: DictConfig) -> float | None:
     return result.final_val_loss
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    from pathlib import Path
+
+    from model import ConfigError
+    from sweeper.precheck import precheck
+
+    try:
+        precheck(sys.argv[1:], Path(__file__).resolve().parent / "conf")
+    except ConfigError as e:
+        sys.exit(f"error: {e}")
     main()
+
+
+if __name__ == "__main__":
+    cli()

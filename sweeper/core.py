@@ -116,6 +116,8 @@ def connect_ray(ray_cfg: dict[str, Any]) -> None:
         return
     address = ray_cfg.get("address")
     kwargs = {"include_dashboard": False, "logging_level": logging.WARNING, "log_to_driver": False}
+    if address:
+        _check_reachable(address)
     try:
         if address:
             ray.init(address=address, **kwargs)
@@ -125,6 +127,27 @@ def connect_ray(ray_cfg: dict[str, Any]) -> None:
         raise ConfigError(
             f"ray.address={address!r} is invalid: could not connect ({_first_line(e)}); "
             "start one with `ray start --head`, or leave ray.address=null for a local Ray"
+        ) from None
+
+
+def _check_reachable(address: str) -> None:
+    """Fail in seconds, not minutes: ray.init retries an unreachable GCS for a long time."""
+    import socket
+
+    if address == "auto":
+        if os.environ.get("RAY_ADDRESS") or Path("/tmp/ray/ray_current_cluster").exists():
+            return
+        raise ConfigError("ray.address='auto' is invalid: no running Ray cluster found on this machine "
+                          "(start one with `ray start --head`, or leave ray.address=null for a local Ray)")
+    hostport = address.removeprefix("ray://").rsplit("/", 1)[0]
+    host, _, port = hostport.rpartition(":")
+    try:
+        with socket.create_connection((host or "127.0.0.1", int(port)), timeout=5):
+            return
+    except (OSError, ValueError) as e:
+        raise ConfigError(
+            f"ray.address={address!r} is invalid: cannot reach {hostport} ({e}); start a cluster with "
+            "`ray start --head`, or leave ray.address=null for a local Ray"
         ) from None
 
 
@@ -205,7 +228,9 @@ def _plan(conf, space, study, specs, composer):
             composer.spec(spec.params, write=True)
             pending.append(Pending(spec, t if t is not None and t.state == TrialState.RUNNING else None))
         return pending, 0, skipped, len(specs)
-    finished = [t for t in known.values() if t.state in FINISHED]
+    # Count every finished trial (a sampler may propose the same point twice); a RUNNING one
+    # was left by a killed driver (one driver per study at a time) and is resumed.
+    finished = [t for t in study.study.get_trials(deepcopy=False) if t.state in FINISHED]
     interrupted = [t for t in known.values() if t.state == TrialState.RUNNING]
     pending = [Pending(composer.spec(t.params, write=True), t) for t in interrupted]
     n_new = max(0, conf.n_trials - len(finished) - len(pending))
@@ -215,6 +240,8 @@ def _plan(conf, space, study, specs, composer):
 def _tune(conf, ray_cfg, space, study, pending, n_new, composer, sweep_dir, total, skipped) -> str | None:
     os.environ.setdefault("RAY_CHDIR_TO_TRIAL_DIR", "0")
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # our ProgressTable is the display
+    # A failed trial's last report has no val_loss; it is still a result we want recorded.
+    os.environ.setdefault("TUNE_DISABLE_STRICT_METRIC_CHECKING", "1")
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 
@@ -265,7 +292,8 @@ def _finish(sweep_dir: Path, study, aborted: str | None) -> list[dict[str, Any]]
     from .results import build_table, write_table
 
     states = {
-        ident: {"number": t.number, "state": t.state.name, "fail_reason": t.user_attrs.get("fail_reason")}
+        ident: {"number": t.number, "state": t.state.name, "fail_reason": t.user_attrs.get("fail_reason"),
+                "trial_dir": t.user_attrs.get("trial_dir")}
         for ident, t in study.by_identity().items()
     }
     df = build_table(sweep_dir, states)

@@ -69,6 +69,8 @@ def trial_row(trial_dir: Path, study_state: dict[str, Any] | None = None) -> dic
         "wall_s": None,
         "tokens_per_s": None,
         "mfu": None,
+        "node_id": ((_read(trial_dir / "placement.json") or [{}])[-1]).get("node_id"),
+        "attempts": len(_read(trial_dir / "placement.json") or []),
         "trial_dir": str(trial_dir),
         "metrics_path": str(trial_dir / "metrics.jsonl"),
         "per_token_losses_path": None,
@@ -103,14 +105,16 @@ def _last_metrics(path: Path) -> dict[str, Any]:
 
 
 def build_table(sweep_dir: Path, study_states: dict[str, dict[str, Any]] | None = None) -> pd.DataFrame:
-    """One row per trial folder under sweep_dir/trials, in trial-number order."""
-    rows = []
+    """One row per trial, in trial-number order: every trial folder under sweep_dir/trials,
+    plus the study's trials whose folders live elsewhere (a study shared between sweep
+    folders), each identity once."""
+    study_states = study_states or {}
     trials_dir = Path(sweep_dir) / "trials"
-    for trial_dir in sorted(trials_dir.iterdir()) if trials_dir.exists() else []:
-        ident = trial_dir.name.rsplit("-", 1)[-1]
-        row = trial_row(trial_dir, (study_states or {}).get(ident))
-        if row is not None:
-            rows.append(row)
+    dirs = {p.name: p for p in sorted(trials_dir.iterdir())} if trials_dir.exists() else {}
+    for ident, state in study_states.items():
+        if ident not in dirs and state.get("trial_dir"):
+            dirs[ident] = Path(state["trial_dir"])
+    rows = [row for ident, d in dirs.items() if (row := trial_row(d, study_states.get(ident))) is not None]
     df = pd.DataFrame(rows)
     if not df.empty:
         df = df.sort_values("trial_number", na_position="last", kind="stable").reset_index(drop=True)

@@ -81,7 +81,8 @@ def _interval(override: Override, sweep: IntervalSweep) -> BaseDistribution:
     log = "log" in sweep.tags
     if log and sweep.start <= 0:
         raise ConfigError(f"{key}={override.input_line} is invalid: a log interval needs start > 0")
-    if "int" in sweep.tags or (isinstance(sweep.start, int) and isinstance(sweep.end, int)):
+    # As in Hydra's Optuna plugin: interval() is continuous unless tagged int.
+    if "int" in sweep.tags:
         return IntDistribution(int(sweep.start), int(sweep.end), log=log)
     return FloatDistribution(float(sweep.start), float(sweep.end), log=log)
 
@@ -109,8 +110,10 @@ def parse_sweep(arguments: list[str], params: dict[str, str] | None = None) -> S
         try:
             (override,) = parser.parse_overrides([line])
         except OverrideParseException as e:
+            from .precheck import GRAMMAR
+
             first = str(e).strip().splitlines()[0]
-            raise ConfigError(f"{line} is invalid: {first}") from None
+            raise ConfigError(f"{line} is invalid: {first} ({GRAMMAR})") from None
         key = override.get_key_element()
         if not override.is_sweep_override():
             space.fixed.append(line)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import socket
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -125,6 +126,7 @@ def run_spec(config: dict[str, Any]) -> None:
     spec: TrialSpec = config["spec"]
     out = Path(spec.out_dir)
     torch.set_num_threads(max(1, spec.threads))
+    _record_placement(out)
     done = load_result(out)
     if done is None:
         reporters = [TuneReporter(spec.trial.train.total_steps)]
@@ -141,6 +143,17 @@ def run_spec(config: dict[str, Any]) -> None:
              "tokens": done["tokens"], "done_training": True, "failed": 0}
     final.update({k.replace("/", "_"): v for k, v in done.get("final_metrics", {}).items() if _summary_key(k)})
     tune.report(final)
+
+
+def _record_placement(out: Path) -> None:
+    """Which node ran the trial (each attempt appends), for the results table."""
+    import ray
+
+    context = ray.get_runtime_context()
+    path = out / "placement.json"
+    attempts = json.loads(path.read_text()) if path.exists() else []
+    attempts.append({"node_id": context.get_node_id(), "hostname": socket.gethostname(), "pid": os.getpid()})
+    atomic_write_json(path, attempts)
 
 
 def _as_dict(result) -> dict[str, Any]:

@@ -69,6 +69,12 @@ def test_outputs_of_a_trial(trial_config, tmp_path):
     assert [m["step"] for m in metrics] == [0, 4, 8]
     assert all("stable_rank/mean" in m and "attn_sink/mean" in m for m in metrics)
     assert sorted(p.name for p in (tmp_path / "probes").iterdir()) == ["step_0000000.npz", "step_0000004.npz", "step_0000008.npz"]
+    # Finished: final weights kept, optimizer checkpoint dropped, and a rerun trains nothing.
+    assert (tmp_path / "model.pt").exists() and not (tmp_path / "checkpoint.pt").exists()
+    before = (tmp_path / "metrics.jsonl").stat().st_mtime_ns
+    again = run_trial(trial, tmp_path, log=lambda *_: None)
+    assert again.final_val_loss == result.final_val_loss
+    assert (tmp_path / "metrics.jsonl").stat().st_mtime_ns == before
 
 
 class _StopAt:

@@ -61,7 +61,7 @@ class TrainConfig:
     batch_size: int = 16
     seq_len: int = 128
     grad_accum: int = 1
-    max_tokens: int | None = 200_000
+    max_tokens: int | None = 122_880
     max_steps: int | None = None
     eval_every: int = 20
     eval_tokens: int = 32768

@@ -5,8 +5,9 @@ Outputs in the trial folder:
     metrics.jsonl         every logged step (train, val, probes, throughput)
     probes/step_*.npz     row-cosine matrices at log-spaced probe steps (heatmaps)
     per_token_losses.npz  loss of each token of the fixed eval slice, at the end
-    checkpoint.pt         latest state (model, optimizer, step), for resume
-    result.json           the final summary (written last, atomically: its presence = done)
+    checkpoint.pt         latest state (model, optimizer, step), for resume; removed when done
+    model.pt              the final weights
+    result.json           the final summary (written atomically: its presence = done)
 """
 
 from __future__ import annotations
@@ -117,6 +118,12 @@ def run_trial(trial: TrialConfig, out_dir: Path, reporter: Reporter | None = Non
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     t, identity = trial.train, trial.identity()
+    finished = load_result(out_dir)
+    if finished is not None:
+        if finished["identity"] != identity:
+            raise RuntimeError(f"{out_dir} holds finished trial {finished['identity']}, not {identity}: use another folder")
+        log(f"trial {identity} already finished in {out_dir}")
+        return TrialResult(**finished)
     if t.threads:
         torch.set_num_threads(t.threads)
     atomic_write_json(out_dir / "trial.json", {"identity": identity, "config": trial.to_dict()})
@@ -213,10 +220,12 @@ def run_trial(trial: TrialConfig, out_dir: Path, reporter: Reporter | None = Non
                 loss_sum, loss_n, interval_start = 0.0, 0, timer.elapsed
             if t.ckpt_every and done % t.ckpt_every == 0 and done < total:
                 checkpoint(done)
-        checkpoint(total)
         per_token = task.per_token_losses(model.eval(), device, autocast)
         if per_token:
             np.savez_compressed(out_dir / "per_token_losses.npz", **per_token)
+        # Done: keep the final weights (for later analysis), drop the optimizer state, which
+        # is twice their size and only ever needed to resume.
+        save_checkpoint(out_dir / "model.pt", {"identity": identity, "step": total, "model": model.state_dict()})
     finally:
         report.close()
 
@@ -230,10 +239,11 @@ def run_trial(trial: TrialConfig, out_dir: Path, reporter: Reporter | None = Non
         artifacts={
             "metrics": str(out_dir / "metrics.jsonl"), "probes": str(out_dir / "probes"),
             "per_token_losses": str(out_dir / "per_token_losses.npz") if per_token else "",
-            "checkpoint": str(ckpt_path),
+            "model": str(out_dir / "model.pt"),
         },
     )
     atomic_write_json(out_dir / "result.json", asdict(result))
+    ckpt_path.unlink(missing_ok=True)  # after result.json: a kill in between still resumes
     return result
 
 

@@ -1,0 +1,258 @@
+"""Read sweeps into frames: the results table, per-trial metrics, probes and per-token losses.
+
+Vocabulary used by every module of the report:
+
+    setting   what a trial is, apart from its size, gamma and seeds: (eps, gate, norm, ...)
+    arm       (size, setting): loss against gamma is drawn per arm, its best gamma picked
+    variant   (gamma, setting): what the effective-size fit compares across sizes
+    seed      (init_seed, train_seed): arms are compared paired by seed
+
+Only COMPLETE trials enter the analysis; the others are counted in the scale table.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+
+class ReportError(Exception):
+    """A problem the user can fix; its message is printed as one line."""
+
+
+SIZE_COLS = ("model", "d_model", "n_layers")
+SEED_COLS = ("init_seed", "train_seed")
+# Always part of a setting (labels read better with them), whether or not they vary.
+BASE_SETTING_COLS = ("eps", "gate", "norm")
+# Part of a setting only where they vary within the sweep.
+EXTRA_SETTING_COLS = ("ffn", "task", "lr", "tokens")
+# Swept keys already represented by a resolved column (or by size, gamma, seeds).
+KNOWN_PARAMS = {
+    "init.gamma", "init.seed", "train.seed", "norm.eps", "norm", "norm.type", "attn", "attn.gate",
+    "model", "model.d_model", "model.n_layers", "optim.lr", "train.max_tokens", "ffn", "ffn.type",
+}
+LOSS = "final_val_loss"
+
+
+@dataclass
+class Sweep:
+    """One or more sweep folders read together."""
+
+    dirs: list[Path]
+    results: pd.DataFrame  # every row of every results.parquet, with a `sweep` column
+    complete: pd.DataFrame  # COMPLETE rows with a finite loss, with size/setting/arm labels
+    setting_cols: list[str]
+
+    @property
+    def name(self) -> str:
+        return "+".join(d.name for d in self.dirs)
+
+
+def newest_sweep(root: Path = Path("sweeps")) -> Path:
+    candidates = [p.parent for p in Path(root).glob("*/results.parquet")]
+    if not candidates:
+        raise ReportError(f"no sweep found: no {root}/*/results.parquet (run `make sweep` first, or pass SWEEP=<folder>)")
+    return max(candidates, key=lambda p: os.path.getmtime(p / "results.parquet"))
+
+
+def resolve_dirs(spec: str | None, root: Path = Path("sweeps")) -> list[Path]:
+    """`a,b` -> [Path(a), Path(b)]; a bare name also resolves under root; None -> the newest."""
+    if not spec:
+        return [newest_sweep(root)]
+    dirs = []
+    for part in (p.strip() for p in spec.split(",")):
+        if not part:
+            continue
+        path = Path(part)
+        if not path.exists() and (root / part).exists():
+            path = root / part
+        if not path.is_dir():
+            raise ReportError(f"sweep folder {part!r} does not exist")
+        if not (path / "results.parquet").exists():
+            raise ReportError(f"{path}/results.parquet is missing: the sweep has not finished (rerun its command to rebuild it)")
+        dirs.append(path)
+    if not dirs:
+        raise ReportError(f"--sweep {spec!r} names no folder")
+    return dirs
+
+
+def _fmt_eps(v) -> str:
+    return f"{v:.0e}".replace("e-0", "e-") if isinstance(v, float) and np.isfinite(v) else str(v)
+
+
+def format_value(col: str, v) -> str:
+    if col == "eps":
+        return _fmt_eps(v)
+    if col == "lr":
+        return f"{v:g}"
+    if col == "tokens":
+        return f"{int(v):,}"
+    if isinstance(v, float):
+        return f"{v:g}"
+    return str(v)
+
+
+def _extra_params(df: pd.DataFrame) -> list[str]:
+    """Swept keys not covered by a resolved column and with few values (a grid axis)."""
+    out = []
+    for col in df.columns:
+        if col.startswith("param.") and col.removeprefix("param.") not in KNOWN_PARAMS:
+            if 1 < df[col].nunique(dropna=False) <= 8:
+                out.append(col)
+    return out
+
+
+def load(dirs: list[Path], metric: str = LOSS) -> Sweep:
+    frames = []
+    for d in dirs:
+        try:
+            df = pd.read_parquet(d / "results.parquet")
+        except Exception as e:  # pyarrow raises several types for a damaged file
+            raise ReportError(f"{d}/results.parquet cannot be read: {str(e).splitlines()[0]}") from None
+        frames.append(df.assign(sweep=d.name))
+    results = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    if results.empty:
+        raise ReportError(f"{', '.join(str(d) for d in dirs)}: results.parquet has no trials")
+    if "identity" in results:
+        results = results.drop_duplicates("identity", keep="first").reset_index(drop=True)
+    for col in (*SIZE_COLS, *SEED_COLS, *BASE_SETTING_COLS, *EXTRA_SETTING_COLS, "gamma", "n_params", metric,
+                "state", "unigram_entropy", "attn_sink", "saturation", "residual_ratio"):
+        if col not in results:
+            results[col] = np.nan
+    if metric not in results:
+        raise ReportError(f"results have no column {metric!r}")
+    done = results[(results["state"] == "COMPLETE") & np.isfinite(pd.to_numeric(results[metric], errors="coerce"))].copy()
+    if done.empty:
+        states = results["state"].value_counts().to_dict()
+        raise ReportError(f"no COMPLETE trial with a finite {metric} in {', '.join(str(d) for d in dirs)} (states: {states})")
+    done[metric] = done[metric].astype(float)
+    for col in SEED_COLS:
+        done[col] = done[col].fillna(0).astype(int)
+    done["size"] = done.apply(size_label, axis=1)
+    # A key that varies only together with the size (a token budget scaled per size, say)
+    # belongs to the size; one that varies within a size splits arms.
+    setting_cols = list(BASE_SETTING_COLS)
+    setting_cols += [c for c in [*EXTRA_SETTING_COLS, *_extra_params(done)]
+                     if done.groupby("size")[c].nunique(dropna=False).max() > 1]
+    # Labels name only what varies (the scale table lists the rest); a sweep of one setting
+    # keeps the full label.
+    label_cols = [c for c in setting_cols if done[c].nunique(dropna=False) > 1] or setting_cols
+    done["setting"] = done.apply(lambda r: setting_label(r, label_cols), axis=1)
+    done["arm"] = done["size"] + " | " + done["setting"]
+    done["variant"] = "γ=" + done["gamma"].map(lambda g: f"{g:g}") + " | " + done["setting"]
+    done["seed"] = done["init_seed"].astype(str) + "/" + done["train_seed"].astype(str)
+    return Sweep(dirs=list(dirs), results=results, complete=done.reset_index(drop=True), setting_cols=setting_cols)
+
+
+def size_label(row) -> str:
+    n = row.get("n_params")
+    n_txt = f"{n / 1e6:.2f}M" if isinstance(n, int | float | np.integer | np.floating) and np.isfinite(n) else "?"
+    return f"{row.get('model')} (d={int(row['d_model'])}, L={int(row['n_layers'])}, {n_txt})"
+
+
+def setting_label(row, cols: list[str]) -> str:
+    return ", ".join(f"{c.removeprefix('param.')}={format_value(c, row[c])}" for c in cols)
+
+
+def read_metrics(path: str | Path) -> pd.DataFrame:
+    """metrics.jsonl -> one row per logged step (later lines win for a repeated step: resume)."""
+    rows = []
+    if not isinstance(path, str | Path):
+        return pd.DataFrame()
+    try:
+        with open(path) as f:
+            for line in f:
+                if line.strip():
+                    rows.append(json.loads(line))
+    except FileNotFoundError:
+        return pd.DataFrame()
+    if not rows:
+        return pd.DataFrame()
+    df = pd.DataFrame(rows)
+    return df.groupby("step", as_index=False).last().sort_values("step").reset_index(drop=True)
+
+
+def read_per_token(path) -> tuple[np.ndarray, np.ndarray] | None:
+    if not isinstance(path, str | Path) or not Path(path).exists():
+        return None
+    with np.load(path) as z:
+        return z["targets"], z["loss"].astype(np.float64)
+
+
+def probe_snapshots(probes_dir) -> list[tuple[int, Path]]:
+    """[(step, path)] of the row-cosine snapshots, in step order."""
+    if not isinstance(probes_dir, str | Path) or not Path(probes_dir).is_dir():
+        return []
+    out = []
+    for p in Path(probes_dir).glob("step_*.npz"):
+        try:
+            out.append((int(p.stem.removeprefix("step_")), p))
+        except ValueError:
+            continue
+    return sorted(out)
+
+
+def read_snapshot(path: Path) -> dict[str, np.ndarray]:
+    with np.load(path) as z:
+        return {k: z[k].astype(np.float32) for k in z.files}
+
+
+NUMERIC = ("gamma", "eps", "lr", "tokens", "n_params", "d_model", "n_layers", "init_seed", "train_seed")
+
+
+def select(df: pd.DataFrame, spec: str) -> pd.Series:
+    """Rows matching 'gamma=1,eps=1e-12,gate=elementwise' (numbers compared with a tolerance)."""
+    mask = pd.Series(True, index=df.index)
+    for part in (p.strip() for p in spec.split(",") if p.strip()):
+        if "=" not in part:
+            raise ReportError(f"arm selector {spec!r}: {part!r} is not key=value")
+        key, value = (s.strip() for s in part.split("=", 1))
+        col = key if key in df else f"param.{key}" if f"param.{key}" in df else None
+        if col is None:
+            raise ReportError(f"arm selector {spec!r}: no column {key!r} (try gamma, eps, gate, norm, model)")
+        if key in NUMERIC:
+            try:
+                target = float(value)
+            except ValueError:
+                raise ReportError(f"arm selector {spec!r}: {key}={value!r} is not a number") from None
+            mask &= np.isclose(df[col].astype(float), target, rtol=1e-6, atol=0)
+        else:
+            mask &= df[col].astype(str) == value
+    return mask
+
+
+def variant_of(df: pd.DataFrame, spec: str) -> str:
+    """The one variant (gamma, setting) that a selector picks."""
+    found = sorted(df[select(df, spec)]["variant"].unique())
+    if len(found) != 1:
+        listing = "; ".join(sorted(df["variant"].unique()))
+        raise ReportError(f"arm selector {spec!r} matches {len(found)} variants ({'; '.join(found) or 'none'}); "
+                          f"name one of: {listing}")
+    return found[0]
+
+
+GATE_PREFERENCE = {"elementwise": 0, "headwise": 1, "none": 2}
+
+
+def recipe_variant(df: pd.DataFrame, baseline_variant: str | None) -> str | None:
+    """The paper's recipe as far as the sweep has it: gamma nearest 1, the smallest eps, a gate
+    if any, the baseline's norm; None if that is the baseline itself."""
+    if df.empty:
+        return None
+    base = df[df["variant"] == baseline_variant]
+    cand = df[df["variant"] != baseline_variant]
+    if not base.empty and (cand["norm"] == base["norm"].iloc[0]).any():
+        cand = cand[cand["norm"] == base["norm"].iloc[0]]
+    if cand.empty:
+        return None
+    gap = (cand["gamma"] - 1.0).abs()
+    cand = cand[np.isclose(gap, gap.min())]
+    cand = cand[np.isclose(cand["eps"], cand["eps"].min())]
+    cand = cand.assign(_g=cand["gate"].map(GATE_PREFERENCE).fillna(3))
+    cand = cand[cand["_g"] == cand["_g"].min()]
+    return str(cand["variant"].value_counts().index[0])

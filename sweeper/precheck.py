@@ -1,0 +1,74 @@
+"""One-line errors for overrides Hydra itself rejects (unknown keys, unknown options).
+
+Hydra reports these as multi-line messages from inside its own main. sweep.py calls
+`precheck(argv)` first: it composes the config once with every override (a sweep's first
+value standing in for the sweep) and turns Hydra's exception into one line naming the key,
+the value and what is allowed. Value checks (gamma > 0, ...) stay with the typed configs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hydra import compose, initialize_config_dir
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import IntervalSweep
+from hydra.errors import HydraException, MissingConfigException, OverrideParseException
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError
+
+from model.config import ConfigError
+
+# Flags that take a value or change what is composed: leave those command lines to Hydra.
+_HYDRA_FLAGS = ("-cn", "--config-name", "-cp", "--config-path", "-cd", "--config-dir", "--info", "-i",
+                "--cfg", "-c", "--help", "-h", "--hydra-help", "--shell-completion", "-sc", "--experimental-rerun")
+
+
+GRAMMAR = "expected key=value, key=a,b,c, range(start,stop[,step]), interval(low,high) or tag(log,interval(low,high))"
+
+
+def _stand_in(line: str, parser: OverridesParser) -> str:
+    """The override with a sweep replaced by one of its values."""
+    try:
+        (override,) = parser.parse_overrides([line])
+    except OverrideParseException as e:
+        raise ConfigError(f"{line} is invalid: {str(e).strip().splitlines()[0]} ({GRAMMAR})") from None
+    if not override.is_sweep_override():
+        return line
+    key = override.get_key_element()
+    value = override.value()
+    if isinstance(value, IntervalSweep):
+        return f"{key}={value.start}"
+    first = next(iter(override.sweep_string_iterator()), None)
+    if first is None:
+        raise ConfigError(f"{line} is invalid: the sweep of {override.get_key_element()} has no values")
+    return f"{key}={first}"
+
+
+def _one_line(e: BaseException, overrides: list[str]) -> str:
+    if isinstance(e, MissingConfigException) and e.options is not None:
+        group = (e.missing_cfg_file or "").rsplit("/", 1)[0]
+        given = next((o for o in reversed(overrides) if o.split("=", 1)[0].lstrip("+~") == group), group)
+        options = sorted(o for o in e.options if not o.startswith("_"))  # _base etc. are internal
+        return f"{given} is invalid: one of {options}"
+    cause = e.__cause__
+    if isinstance(cause, ConfigKeyError | ConfigAttributeError) and cause.full_key:
+        key = cause.full_key
+        given = next((o for o in reversed(overrides) if o.split("=", 1)[0].lstrip("+~") == key), key)
+        parent = key.rsplit(".", 1)[0] if "." in key else "the root config"
+        return f"{given} is invalid: {parent} has no key {key.rsplit('.', 1)[-1]!r} (check the spelling)"
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+def precheck(argv: list[str], conf_dir: Path, config_name: str = "config") -> None:
+    """Raise ConfigError with one line if Hydra would reject these command-line overrides."""
+    if any(a.split("=", 1)[0] in _HYDRA_FLAGS for a in argv):
+        return
+    lines = [a for a in argv if not a.startswith("-")]
+    parser = OverridesParser.create()
+    stand_ins = [_stand_in(line, parser) for line in lines]
+    try:
+        with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
+            compose(config_name, overrides=stand_ins)
+    except (HydraException, ConfigKeyError) as e:
+        raise ConfigError(_one_line(e, lines)) from None

@@ -1,0 +1,373 @@
+"""`make report` end to end on a real tiny sweep, plus its statistics on synthetic data with
+known answers (power law, paired comparisons, Delta_sym, Optuna importances).
+
+The sweep (8 tiny trials: gamma x eps x train seed) runs once per session through the real CLI;
+the report is built through its CLI too, then its numbers are checked against the results
+table and the per-token files, and its page is rendered in headless Chromium where available.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from experiments import claims as claims_mod
+from experiments.figures import LabelError, check_labels
+from experiments.load import ReportError, load, resolve_dirs
+from experiments.scaling import effective_size, fit_power_law
+from experiments.screenshot import find_browser, page_info, screenshot
+from experiments.stats import A_HIGHER, A_LOWER, ONE_SEED, WITHIN, compare, verdict
+from experiments.tokens import delta_sym
+
+from .conftest import REPO, run_cli
+
+SWEEP_ARGS = [
+    "-m", "model=nano", "init.gamma=0.5,1.0", "norm.eps=1e-5,1e-12", "train.seed=0,1", "train.batch_size=4",
+    "train.seq_len=32", "train.max_tokens=1024", "train.eval_every=4", "train.eval_tokens=512",
+    "train.per_token_eval_tokens=256", "train.probe_every=4", "train.threads=1", "wandb.mode=disabled",
+    "ray.num_cpus=2", "name=rep",
+]
+WIDTHS = "64,128,256"
+
+
+def report_cli(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "experiments.report", *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=600, env={**__import__("os").environ, "PYTHONPATH": str(REPO)})
+
+
+@pytest.fixture(scope="session")
+def tiny_sweep(tmp_path_factory, data_cache) -> Path:
+    tmp = tmp_path_factory.mktemp("report-sweep")
+    proc = run_cli(SWEEP_ARGS, cwd=tmp, env={"SMALLINIT_CACHE": str(data_cache)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return tmp / "sweeps" / "rep"
+
+
+@pytest.fixture(scope="session")
+def tiny_report(tiny_sweep, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("reports")
+    proc = report_cli("--sweep", str(tiny_sweep), "--out", str(out), "--widths", WIDTHS, "--boot", "50")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"report: {out / 'rep' / 'index.html'}" in proc.stdout
+    return out / "rep"
+
+
+@pytest.fixture(scope="session")
+def summary(tiny_report) -> dict:
+    return json.loads((tiny_report / "summary.json").read_text())
+
+
+# --- the real sweep ------------------------------------------------------------------------------
+
+def test_report_writes_every_artifact(tiny_report, summary):
+    for name in ("index.html", "report.md", "summary.json"):
+        assert (tiny_report / name).stat().st_size > 0
+    pngs = {p.name for p in tiny_report.glob("*.png")}
+    assert {f["file"] for f in summary["figures"]} == pngs
+    assert {"loss_vs_gamma.png", "token_gain.png", "condensation.png", "cosine_heatmaps.png", "attention_sink.png",
+            "saturation.png", "residual_balance.png"} <= pngs
+    html = (tiny_report / "index.html").read_text()
+    assert html.count("data:image/png;base64,") == len(pngs)  # self-contained
+    assert "http://" not in html and "https://" not in html  # nothing to fetch
+    md = (tiny_report / "report.md").read_text()
+    assert all(f"]({p})" in md for p in pngs)
+
+
+def test_best_gamma_per_arm_is_the_argmin_of_the_results(tiny_sweep, summary):
+    df = pd.read_parquet(tiny_sweep / "results.parquet")
+    df = df[df["state"] == "COMPLETE"]
+    expected = {}
+    for (eps, _gate, _norm), g in df.groupby(["eps", "gate", "norm"]):
+        means = g.groupby("gamma")["final_val_loss"].mean()
+        expected[f"{eps:.0e}".replace("e-0", "e-")] = (means.idxmin(), means.min())
+    got = {row["setting"].split("eps=")[1].split(",")[0]: (row["best_gamma"], row["best_loss"]) for row in summary["best_gamma"]}
+    assert got.keys() == expected.keys()
+    for k, (gamma, loss) in expected.items():
+        assert got[k][0] == pytest.approx(gamma)
+        assert got[k][1] == pytest.approx(loss, abs=1e-9)
+        row = next(r for r in summary["best_gamma"] if f"eps={k}" in r["setting"])
+        assert row["seeds"] == 2 and row["margin"]["paired"] and row["margin"]["n"] == 2
+
+
+def claim(summary: dict, words: str) -> dict:
+    return next(c for c in summary["claims"] if words in c["claim"])
+
+
+def test_claims_table_has_every_claim_with_a_verdict_and_numbers(summary):
+    assert len(summary["claims"]) == 7
+    for c in summary["claims"]:
+        assert c["verdict"] in claims_mod.VERDICTS, c
+        assert c["reason"]
+    # Two seeds per arm: the gamma comparisons are paired with an interval; no gamma > 1 was run,
+    # so "worse above 1" cannot be supported.
+    best = claim(summary, "Best γ")
+    assert best["numbers"] and all(n["paired"] and n["n"] == 2 and n["lo"] is not None for n in best["numbers"])
+    assert best["verdict"] != "supported"
+    assert claim(summary, "gate")["verdict"] == "not enough data"  # no gated arm in this sweep
+    eff = claim(summary, "effective model size")
+    assert eff["verdict"] == "not enough data" and "≥ 3 model sizes" in eff["reason"]
+    assert claim(summary, "update-to-stream")["verdict"] == "supported"  # deterministic, at init
+    cond = claim(summary, "condenses")
+    assert len(cond["numbers"]) == 8  # one trajectory per trial
+
+
+def test_effective_size_says_what_is_missing_with_one_size(summary):
+    es = summary["effective_size"]
+    assert es["fit"] is None
+    assert "this sweep has 1" in es["status"] and "nano" in es["status"]
+
+
+def test_token_delta_matches_the_per_token_files(tiny_sweep, summary):
+    tok = summary["tokens"]
+    assert tok["a"].startswith("γ=1") and tok["b"].startswith("γ=0.5")
+    df = pd.read_parquet(tiny_sweep / "results.parquet")
+    a = df[(df["gamma"] == 1.0) & (df["eps"] == 1e-12)].set_index("train_seed")
+    b = df[(df["gamma"] == 0.5) & (df["eps"] == 1e-5)].set_index("train_seed")
+    per_seed = []
+    for seed in (0, 1):
+        za, zb = np.load(a.loc[seed, "per_token_losses_path"]), np.load(b.loc[seed, "per_token_losses_path"])
+        assert np.array_equal(za["targets"], zb["targets"])
+        pa, pb = np.exp(-za["loss"].astype(float)), np.exp(-zb["loss"].astype(float))
+        per_seed.append(((pa - pb) / (pa + pb)).mean())
+    res = tok["results"][0]
+    assert res["overall"]["diff"] == pytest.approx(np.mean(per_seed), rel=1e-6)
+    assert res["overall"]["n"] == 2
+    assert sum(b["tokens"] for b in res["buckets"]) == res["n_tokens"] == len(za["targets"])
+
+
+def test_scale_is_stated(tiny_sweep, summary, tiny_report):
+    df = pd.read_parquet(tiny_sweep / "results.parquet")
+    assert summary["scale"]["max_params"] == df["n_params"].max()
+    assert summary["scale"]["max_tokens"] == df["tokens"].max()
+    html = (tiny_report / "index.html").read_text()
+    assert "CPU-scale measurements, not a reproduction" in html
+    assert f"{int(df['n_params'].max()):,}" in html
+
+
+def test_every_figure_has_a_title_axis_labels_and_units(summary):
+    assert summary["figures"]
+    for fig in summary["figures"]:
+        assert fig["title"].strip(), fig["name"]
+        for ax in fig["axes"]:
+            assert ax["title"].strip() and ax["xlabel"].strip() and ax["ylabel"].strip(), (fig["name"], ax)
+            assert "[" in ax["xlabel"] and "[" in ax["ylabel"], (fig["name"], ax)
+
+
+def test_residual_balance_follows_the_predicted_exponents(summary):
+    slopes = {s["gamma"]: s for s in summary["residual_balance"]["slopes"]}
+    assert set(slopes) == {0.5, 0.75, 1.0, 1.25}
+    for gamma, s in slopes.items():
+        assert s["measured"] == pytest.approx(1 - gamma, abs=0.1)
+    assert {r["width"] for r in summary["residual_balance"]["data"]} == {64, 128, 256}
+
+
+@pytest.mark.skipif(find_browser() is None, reason="no chromium on this machine (apt-get install -y chromium)")
+def test_the_page_renders_in_headless_chromium(tiny_report, summary, tmp_path):
+    info = page_info(tiny_report / "index.html")
+    assert info["images"] == info["images-loaded"] == len(summary["figures"])
+    shot = screenshot(tiny_report / "index.html", tmp_path / "page.png")
+    from PIL import Image
+
+    img = np.asarray(Image.open(shot).convert("L"))
+    assert img.shape[1] == 1280 and img.shape[0] > 3000  # the whole page, not one screen
+    assert (img < 200).mean() > 0.02  # text and figures, not a blank page
+
+
+def test_screenshot_cli(tiny_report, tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "experiments.screenshot", str(tiny_report), "--out",
+                           str(tmp_path / "s.png")], cwd=REPO, capture_output=True, text=True, timeout=300)
+    if find_browser() is None:
+        assert proc.returncode == 2 and "no chromium" in proc.stderr
+    else:
+        assert proc.returncode == 0, proc.stderr
+        assert (tmp_path / "s.png").exists() and "figures rendered" in proc.stdout
+
+
+# --- errors --------------------------------------------------------------------------------------
+
+def test_errors_are_one_line(tmp_path):
+    proc = report_cli("--sweep", str(tmp_path / "nope"))
+    assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0
+    assert proc.stderr.startswith("error: sweep folder")
+    proc = report_cli("--sweeps-root", str(tmp_path))
+    assert proc.returncode == 2 and "no sweep found" in proc.stderr and proc.stderr.strip().count("\n") == 0
+    (tmp_path / "empty").mkdir()
+    pd.DataFrame({"identity": pd.Series(dtype=str), "state": pd.Series(dtype=str)}).to_parquet(
+        tmp_path / "empty" / "results.parquet")
+    proc = report_cli("--sweep", str(tmp_path / "empty"))
+    assert proc.returncode == 2 and "has no trials" in proc.stderr and proc.stderr.strip().count("\n") == 0
+
+
+def test_newest_sweep_is_the_latest_results_table(tmp_path):
+    import os
+
+    for i, name in enumerate(("old", "new")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "results.parquet").write_bytes(b"x")
+        os.utime(tmp_path / name / "results.parquet", (1000 + i, 1000 + i))
+    assert resolve_dirs(None, tmp_path) == [tmp_path / "new"]
+    assert resolve_dirs("old,new", tmp_path) == [tmp_path / "old", tmp_path / "new"]
+    with pytest.raises(ReportError):
+        resolve_dirs(None, tmp_path / "none")
+
+
+# --- statistics on known answers -----------------------------------------------------------------
+
+@pytest.mark.parametrize("E,A,alpha", [(2.0, 40.0, 0.3), (3.5, 400.0, 0.5), (1.2, 8.0, 0.15)])
+def test_power_law_fit_recovers_known_parameters(E, A, alpha):
+    rng = np.random.default_rng(0)
+    n = np.geomspace(1e6, 1e9, 7)
+    loss = E + A * n**-alpha
+    fit = fit_power_law(n, loss + rng.normal(0, 2e-4, len(n)))
+    assert fit.E == pytest.approx(E, rel=0.02)
+    assert fit.alpha == pytest.approx(alpha, rel=0.03)
+    assert fit.A == pytest.approx(A, rel=0.05)
+    # n_eff inverts the law: the loss of a 1.44x larger baseline gives back 1.44 N.
+    assert fit.n_eff(E + A * (1.44 * 3e7) ** -alpha) / 3e7 == pytest.approx(1.44, rel=0.03)
+    exact = fit_power_law(n[[0, 3, 6]], loss[[0, 3, 6]])  # three sizes: the fit is exact
+    assert (exact.E, exact.alpha) == pytest.approx((E, alpha), rel=1e-3)
+
+
+def test_power_law_needs_three_sizes():
+    with pytest.raises(ValueError, match="three"):
+        fit_power_law([1e6, 1e7], [3.0, 2.5])
+
+
+def synthetic_sweep(root: Path, gain: float, sizes=(1e6, 3e6, 1e7, 3e7), seeds=3, noise=2e-3) -> Path:
+    """A results table whose gamma=0.5 losses follow L = 2 + 30 N^-0.25 and whose gamma=1
+    losses are those of a (1 + gain)x larger baseline, with paired seed noise."""
+    rng = np.random.default_rng(1)
+    law = lambda n: 2.0 + 30.0 * n**-0.25  # noqa: E731
+    rows = []
+    for i, n in enumerate(sizes):
+        for s in range(seeds):
+            shared = rng.normal(0, noise)  # a seed's luck is shared by both arms (paired)
+            for gamma, loss in ((0.5, law(n)), (1.0, law((1 + gain) * n))):
+                rows.append(dict(identity=f"{i}{s}{gamma}", state="COMPLETE", model=f"m{i}", n_params=int(n),
+                                 d_model=64 * (i + 1), n_layers=2, gamma=gamma, init_seed=s, train_seed=0, eps=1e-12,
+                                 norm="rmsnorm", gate="none", ffn="dense", task="lm", lr=3e-3, tokens=10_000,
+                                 final_val_loss=loss + shared + rng.normal(0, noise / 4), unigram_entropy=7.0))
+    d = root / "synth"
+    d.mkdir(parents=True)
+    pd.DataFrame(rows).to_parquet(d / "results.parquet")
+    return d
+
+
+def test_effective_size_recovers_a_known_gain(tmp_path):
+    sweep = load([synthetic_sweep(tmp_path, gain=0.44)])
+    es = effective_size(sweep, baseline_gamma=0.5, n_boot=200)
+    assert es.status == "fit"
+    assert es.fit.alpha == pytest.approx(0.25, rel=0.15)
+    g = es.gains
+    assert len(g) == 4 and (g["interval"] == "seed bootstrap").all()
+    assert g["gain"].mean() == pytest.approx(0.44, abs=0.08)
+    assert (g["gain_lo"] > 0).all() and (g["gain_lo"] < g["gain"]).all() and (g["gain"] < g["gain_hi"]).all()
+    claim = claims_mod.effective_size_claim(es, g["variant"].iloc[0])
+    assert claim.verdict == "supported"
+
+
+def test_effective_size_report_from_several_sizes(tmp_path):
+    d = synthetic_sweep(tmp_path, gain=-0.3)
+    proc = report_cli("--sweep", str(d), "--out", str(tmp_path / "reports"), "--widths", "64,128", "--boot", "50")
+    assert proc.returncode == 0, proc.stderr
+    s = json.loads((tmp_path / "reports" / "synth" / "summary.json").read_text())
+    assert s["effective_size"]["fit"]["E"] == pytest.approx(2.0, abs=0.1)
+    assert np.mean([g["gain"] for g in s["effective_size"]["gains"]]) == pytest.approx(-0.3, abs=0.08)
+    eff = next(c for c in s["claims"] if "effective model size" in c["claim"])
+    assert eff["verdict"] == "not supported"  # a smaller effective size, beyond the seed spread
+    assert "effective_size.png" in {f["file"] for f in s["figures"]}
+
+
+def test_paired_comparison_and_verdicts():
+    rng = np.random.default_rng(0)
+    seeds = pd.DataFrame({"init_seed": range(6), "train_seed": 0})
+    luck = rng.normal(0, 0.05, 6)  # large seed spread, shared by both arms
+    a = seeds.assign(v=3.0 + luck - 0.01 + rng.normal(0, 1e-3, 6))
+    b = seeds.assign(v=3.0 + luck)
+    c = compare(a, b, "v")
+    assert c.paired and c.n == 6 and c.status == A_LOWER and c.diff == pytest.approx(-0.01, abs=3e-3)
+    assert compare(a.iloc[:1], b.iloc[:1], "v").status == ONE_SEED
+    noisy = seeds.assign(v=3.0 + rng.normal(0, 0.05, 6))
+    assert compare(noisy.iloc[:3], b.iloc[:3], "v").status in (WITHIN, A_LOWER, A_HIGHER)
+    assert verdict([c], A_LOWER)[0] == "supported"
+    assert verdict([c], A_HIGHER)[0] == "not supported"
+    assert verdict([compare(a.iloc[:1], b.iloc[:1], "v")], A_LOWER) == ("not enough data", "one seed")
+    same = compare(b.assign(v=b["v"] + rng.normal(0, 1e-3, 6)), b, "v")
+    assert same.status == WITHIN and verdict([same], A_LOWER)[0] == "not supported"  # 6 seeds: powered
+
+
+def test_delta_sym_is_the_stated_formula():
+    rng = np.random.default_rng(0)
+    la, lb = rng.uniform(0, 12, 1000), rng.uniform(0, 12, 1000)
+    pa, pb = np.exp(-la), np.exp(-lb)
+    np.testing.assert_allclose(delta_sym(la, lb), (pa - pb) / (pa + pb), rtol=1e-9, atol=1e-12)
+    assert delta_sym(50.0, 800.0) == pytest.approx(1.0)  # stable where exp underflows
+
+
+def test_residual_balance_eps_on_built_norms_equals_a_rebuild():
+    import torch
+
+    from experiments.mechanism import residual_balance
+    from model import InitConfig, ModelConfig, NormConfig, Transformer
+    from model.probes import activation_probes
+
+    rb = residual_balance(widths=(128,), gammas=(1.25,), eps_values=(1e-12, 1e-5))
+    cfg = ModelConfig(d_model=128, n_layers=2, n_heads=2, d_ff=256, vocab_size=256, max_seq_len=32,
+                      tie_embeddings=True, norm=NormConfig(eps=1e-5), init=InitConfig(gamma=1.25))
+    idx = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(0))
+    fresh = activation_probes(Transformer(cfg), idx)
+    row = rb[rb["eps"] == 1e-5].iloc[0]
+    assert row["residual_ratio"] == pytest.approx(fresh["residual_ratio/mean"], rel=1e-5)
+    assert row["saturation"] == pytest.approx(fresh["saturation/mean"], rel=1e-5)
+    assert row["saturation"] < rb[rb["eps"] == 1e-12].iloc[0]["saturation"]
+
+
+def test_importances_need_a_search_space(tmp_path):
+    import optuna
+    from optuna.distributions import CategoricalDistribution, FloatDistribution
+
+    from experiments.importance import importances
+
+    def make(name: str, dists: dict, n: int) -> Path:
+        d = tmp_path / name
+        d.mkdir()
+        study = optuna.create_study(study_name=name, storage=f"sqlite:///{d / 'optuna.db'}")
+        rng = np.random.default_rng(0)
+        for i in range(n):
+            params = {k: (float(rng.uniform(v.low, v.high)) if isinstance(v, FloatDistribution) else v.choices[i % 2])
+                      for k, v in dists.items()}
+            value = 3.0 + (params.get("init.gamma", 1.0) - 1.0) ** 2 + 1e-3 * params.get("optim.lr", 0.0)
+            study.add_trial(optuna.trial.create_trial(params=params, distributions=dists, value=value,
+                                                      user_attrs={"identity": f"{name}{i}"}))
+        return d
+
+    search = {"init.gamma": FloatDistribution(0.25, 1.5), "optim.lr": FloatDistribution(1e-4, 1e-2)}
+    values, note = importances(make("search", search, 12), pd.DataFrame({"identity": [f"search{i}" for i in range(12)]}))
+    assert values is not None and set(values) == set(search) and sum(values.values()) == pytest.approx(1.0)
+    assert max(values, key=values.get) == "init.gamma"
+    grid = {"init.gamma": CategoricalDistribution([0.5, 1.0])}
+    values, note = importances(make("grid", grid, 4), pd.DataFrame({"identity": []}))
+    assert values is None and "grid" in note
+    values, note = importances(make("one", search, 1), pd.DataFrame({"identity": []}))
+    assert values is None and "at least 2" in note
+
+
+def test_label_check_refuses_a_figure_without_units():
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots()
+    ax.plot([0, 1], [0, 1])
+    ax.set_title("t")
+    ax.set_xlabel("gamma")
+    ax.set_ylabel("loss [nats]")
+    with pytest.raises(LabelError, match="unit"):
+        check_labels(fig)
+    ax.set_xlabel("gamma [unitless]")
+    assert check_labels(fig)[0]["xlabel"] == "gamma [unitless]"
+    plt.close(fig)

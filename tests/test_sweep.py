@@ -1,0 +1,200 @@
+"""The sweep command end to end, run as a user would: `python sweep.py -m ...` in a folder.
+
+Real Ray (local), real Optuna storage (SQLite), real wandb in offline mode, real text.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pandas as pd
+import pytest
+
+from .conftest import REPO, TINY, run_cli
+
+CARD = ["init.gamma=0.5,0.75,1.0,1.25", "norm.eps=1e-5,1e-12"]
+TINY_SWEEP = [t for t in TINY if not t.startswith("wandb.")] + ["ray.num_cpus=2"]
+
+
+def sweep(tmp_path, data_cache, *args, env=None, timeout=600):
+    return run_cli(["-m", *TINY_SWEEP, *args], cwd=tmp_path, timeout=timeout,
+                   env={"SMALLINIT_CACHE": str(data_cache), "WANDB_API_KEY": "", **(env or {})})
+
+
+def study_trials(sweep_dir: Path, name: str):
+    study = optuna.load_study(study_name=name, storage=f"sqlite:///{sweep_dir / 'optuna.db'}")
+    return study.get_trials(deepcopy=False)
+
+
+def wandb_runs(sweep_dir: Path) -> list[Path]:
+    return sorted(sweep_dir.glob("trials/*/wandb/offline-run-*/run-*.wandb"))
+
+
+def result_mtimes(sweep_dir: Path) -> dict[str, float]:
+    return {p.parent.name: p.stat().st_mtime for p in sweep_dir.glob("trials/*/result.json")}
+
+
+def test_card_command_runs_every_trial_once_and_a_rerun_trains_nothing(tmp_path, data_cache):
+    proc = sweep(tmp_path, data_cache, *CARD, "wandb.mode=offline", "name=card")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    sweep_dir = tmp_path / "sweeps" / "card"
+    df = pd.read_parquet(sweep_dir / "results.parquet")
+    assert len(df) == 8 and set(df["state"]) == {"COMPLETE"} and df["identity"].is_unique
+    assert sorted(zip(df["param.init.gamma"], df["param.norm.eps"])) == sorted(
+        (g, e) for g in (0.5, 0.75, 1.0, 1.25) for e in (1e-5, 1e-12))
+    assert (df["gamma"] == df["param.init.gamma"]).all() and (df["eps"] == df["param.norm.eps"]).all()
+    assert (df["final_val_loss"] > 0).all() and (df["n_params"] > 0).all() and (df["tokens"] == 1024).all()
+    trials = study_trials(sweep_dir, "card")
+    assert len(trials) == 8 and {t.state for t in trials} == {optuna.trial.TrialState.COMPLETE}
+    assert {t.user_attrs["identity"] for t in trials} == set(df["identity"])
+    assert all(len(t.intermediate_values) == 3 for t in trials)  # steps 0, 4, 8
+    assert len(wandb_runs(sweep_dir)) == 8
+    assert "best: trial" in proc.stdout and "results.parquet" in proc.stdout
+    # Each trial folder holds its composed config and overrides, as Hydra's job folders do.
+    overrides = (sweep_dir / "trials" / df["identity"][0] / ".hydra" / "overrides.yaml").read_text()
+    assert "init.gamma=" in overrides and "norm.eps=" in overrides
+
+    before = result_mtimes(sweep_dir)
+    again = sweep(tmp_path, data_cache, *CARD, "wandb.mode=offline", "name=card")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "8 trials (8 already done)" in again.stdout
+    assert result_mtimes(sweep_dir) == before
+    assert len(pd.read_parquet(sweep_dir / "results.parquet")) == 8
+    assert len(study_trials(sweep_dir, "card")) == 8
+    assert len(wandb_runs(sweep_dir)) == 8
+
+
+def test_killed_driver_resumes_without_duplicates_or_retraining(tmp_path, data_cache):
+    # Longer trials so the driver can be killed while some are finished and others running.
+    args = [*CARD, "train.max_tokens=8192", "train.eval_every=16", "train.probe_every=0",
+            "train.ckpt_every=8", "wandb.mode=disabled", "name=killed"]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "SMALLINIT_CACHE": str(data_cache)}
+    driver = subprocess.Popen([sys.executable, str(REPO / "sweep.py"), "-m", *TINY_SWEEP, *args], cwd=tmp_path,
+                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    sweep_dir = tmp_path / "sweeps" / "killed"
+    deadline = time.time() + 300
+    while len(result_mtimes(sweep_dir)) < 2 and time.time() < deadline and driver.poll() is None:
+        time.sleep(0.5)
+    os.killpg(driver.pid, signal.SIGKILL)
+    driver.wait()
+    finished = result_mtimes(sweep_dir)
+    assert 2 <= len(finished) < 8, "the driver should die mid-sweep"
+    subprocess.run(["ray", "stop", "--force"], capture_output=True)  # the killed driver's local Ray
+
+    proc = sweep(tmp_path, data_cache, *args)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    df = pd.read_parquet(sweep_dir / "results.parquet")
+    assert len(df) == 8 and df["identity"].is_unique and set(df["state"]) == {"COMPLETE"}
+    trials = study_trials(sweep_dir, "killed")
+    assert len(trials) == 8 and sorted(t.user_attrs["identity"] for t in trials) == sorted(df["identity"])
+    after = result_mtimes(sweep_dir)
+    assert {k: after[k] for k in finished} == finished  # finished trials were not trained again
+
+
+def test_optuna_search_with_asha_prunes_and_reports_a_best_gamma(tmp_path, data_cache):
+    proc = sweep(tmp_path, data_cache, "init.gamma=interval(0.25,1.5)", "hydra.sweeper.n_trials=6",
+                 "hydra.sweeper.asha.enabled=true", "hydra.sweeper.asha.grace_period=2", "train.max_tokens=2048",
+                 "train.eval_every=2", "train.probe_every=0", "wandb.mode=disabled", "name=search")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    sweep_dir = tmp_path / "sweeps" / "search"
+    df = pd.read_parquet(sweep_dir / "results.parquet")
+    trials = study_trials(sweep_dir, "search")
+    assert len(df) == len(trials) == 6
+    states = {t.state for t in trials}
+    assert optuna.trial.TrialState.PRUNED in states and optuna.trial.TrialState.COMPLETE in states
+    assert (df["state"] == "PRUNED").sum() == sum(t.state == optuna.trial.TrialState.PRUNED for t in trials)
+    assert all(0.25 <= t.params["init.gamma"] <= 1.5 for t in trials)
+    assert "best: trial" in proc.stdout and "init.gamma" in proc.stdout.split("best: trial")[1]
+
+
+def test_a_failing_trial_is_recorded_and_the_others_finish(tmp_path, data_cache):
+    proc = sweep(tmp_path, data_cache, "optim.lr=1e-3,1e12", "optim.grad_clip=null", "optim.warmup_frac=0",
+                 "train.max_tokens=4096", "wandb.mode=disabled", "name=fails")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    df = pd.read_parquet(tmp_path / "sweeps" / "fails" / "results.parquet").set_index("param.optim.lr")
+    assert df.loc[1e-3, "state"] == "COMPLETE"
+    assert df.loc[1e12, "state"] == "FAIL" and "diverged at step" in df.loc[1e12, "fail_reason"]
+    trials = {t.params["optim.lr"]: t for t in study_trials(tmp_path / "sweeps" / "fails", "fails")}
+    assert trials[1e12].state == optuna.trial.TrialState.FAIL
+    assert "diverged at step" in trials[1e12].user_attrs["fail_reason"]
+
+
+def test_max_failure_rate_stops_a_broken_sweep(tmp_path, data_cache):
+    proc = sweep(tmp_path, data_cache, "optim.lr=1e10,1e11,1e12,1e13,1e14,1e15", "optim.grad_clip=null",
+                 "optim.warmup_frac=0", "train.max_tokens=4096", "hydra.sweeper.max_failure_rate=0.5",
+                 "hydra.sweeper.max_concurrent=1", "wandb.mode=disabled", "name=broken")
+    assert proc.returncode != 0
+    assert "above hydra.sweeper.max_failure_rate=0.5" in proc.stderr.strip().splitlines()[-1]
+    df = pd.read_parquet(tmp_path / "sweeps" / "broken" / "results.parquet")
+    assert 3 <= (df["state"] == "FAIL").sum() < 6  # stopped before running everything
+
+
+@pytest.mark.slow
+def test_two_node_cluster_runs_trials_on_both_nodes(tmp_path, data_cache):
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    cluster.add_node(num_cpus=1)
+    cluster.wait_for_nodes()
+    try:
+        proc = run_cli(["-m", *TINY, "init.gamma=0.5,0.75,1.0,1.25", f"ray.address={cluster.address}",
+                        "train.max_tokens=4096", "name=cluster"], cwd=tmp_path,
+                       env={"SMALLINIT_CACHE": str(data_cache)})
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        df = pd.read_parquet(tmp_path / "sweeps" / "cluster" / "results.parquet")
+        assert len(df) == 4 and set(df["state"]) == {"COMPLETE"}
+        assert df["node_id"].nunique() == 2
+    finally:
+        cluster.shutdown()
+
+
+def _last_line(text: str) -> str:
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
+BAD_INPUT = [
+    (["model.not_a_key=1"], "not_a_key"),
+    (["init.gamma=-1"], "init.gamma=-1 is invalid: must be > 0"),
+    (["init.gamma=abc"], "init.gamma='abc' is invalid: must be a finite number"),
+    (["init.gamma=0.5,-1"], "init.gamma=-1 is invalid"),
+    (["norm.eps=-1e-5"], "norm.eps=-1e-05 is invalid: must be >= 0"),
+    (["attn.gate=sideways"], "attn.gate='sideways' is invalid: one of"),
+    (["norm.type=batchnorm"], "norm.type='batchnorm' is invalid: one of"),
+    (["model.n_heads=3"], "model.n_heads=3 is invalid: must divide model.d_model"),
+    (["model.ffn={type: moe, n_experts: 4, top_k: 8}"], "ffn.top_k=8 is invalid: must be <= ffn.n_experts (4)"),
+    (["model=giant"], "giant"),
+    (["init.gamma=interval(1)"], "init.gamma=interval(1) is invalid"),
+    (["init.gamma=range(1,1)"], "has no values"),
+    (["data=text", "data.paths=[/nonexistent/*.txt]"], "data.paths"),
+    (["ray.address=127.0.0.1:1"], "ray.address='127.0.0.1:1' is invalid"),
+    (["hydra.sweeper.storage=nosuchdb://x"], "hydra.sweeper.storage='nosuchdb://x' is invalid"),
+    (["train.max_tokens=0"], "train.max_tokens=0 is invalid"),
+]
+
+
+@pytest.mark.parametrize("args, message", BAD_INPUT, ids=[" ".join(a) for a, _ in BAD_INPUT])
+def test_bad_input_fails_before_any_trial_in_one_line(tmp_path, data_cache, args, message):
+    proc = sweep(tmp_path, data_cache, *args, "wandb.mode=disabled", "name=bad", timeout=180)
+    assert proc.returncode != 0
+    last = _last_line(proc.stderr)
+    assert message in last, proc.stderr[-2000:]
+    sweep_dir = tmp_path / "sweeps" / "bad"
+    assert not (sweep_dir / "results.parquet").exists()
+    assert not (sweep_dir / "trials").exists()
+    if (sweep_dir / "optuna.db").exists():
+        assert optuna.get_all_study_summaries(f"sqlite:///{sweep_dir / 'optuna.db'}") == []
+
+
+def test_results_columns_are_documented():
+    readme = (REPO / "README.md").read_text()
+    for column in ("trial_number", "identity", "state", "fail_reason", "param.<key>", "model", "n_params",
+                   "tokens", "final_val_loss", "best_val_loss", "wall_s", "tokens_per_s", "trial_dir",
+                   "per_token_losses_path", "attn_sink", "stable_rank", "node_id"):
+        assert f"`{column}`" in readme, column

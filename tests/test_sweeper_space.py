@@ -1,0 +1,81 @@
+"""Override grammar -> sweep space, table-driven like Hydra's Optuna plugin tests."""
+
+from __future__ import annotations
+
+import pytest
+from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+
+from model import ConfigError
+from sweeper.space import parse_sweep
+
+
+@pytest.mark.parametrize(
+    "override, key, values",
+    [
+        ("init.gamma=0.5,1.0", "init.gamma", (0.5, 1.0)),
+        ("norm.eps=1e-5,1e-12", "norm.eps", (1e-5, 1e-12)),
+        ("attn=none,headwise,elementwise", "attn", ("none", "headwise", "elementwise")),
+        ("model=nano,micro", "model", ("nano", "micro")),
+        ("train.seed=range(0,3)", "train.seed", (0, 1, 2)),
+        ("init.gamma=range(0.5,1.5,0.5)", "init.gamma", (0.5, 1.0)),
+        ("init.gamma=choice(0.5,0.75)", "init.gamma", (0.5, 0.75)),
+        ("init.seed=1,2", "init.seed", (1, 2)),
+    ],
+)
+def test_discrete_sweeps_form_a_grid(override, key, values):
+    space = parse_sweep([override])
+    assert space.mode == "grid"
+    assert space.discrete[key].values == values
+    assert [p[key] for p in space.grid()] == list(values)
+
+
+@pytest.mark.parametrize(
+    "override, expected",
+    [
+        ("init.gamma=interval(0.25,1.5)", FloatDistribution(0.25, 1.5)),
+        ("optim.lr=tag(log,interval(1e-4,1e-2))", FloatDistribution(1e-4, 1e-2, log=True)),
+        ("optim.warmup_frac=interval(0,1)", FloatDistribution(0.0, 1.0)),
+        ("train.seed=tag(int,interval(0.0,10.0))", IntDistribution(0, 10)),
+    ],
+)
+def test_intervals_form_an_optuna_space(override, expected):
+    space = parse_sweep([override])
+    assert space.mode == "search"
+    assert list(space.distributions().values()) == [expected]
+
+
+def test_grid_is_the_cartesian_product_in_command_line_order():
+    space = parse_sweep(["init.gamma=0.5,0.75,1.0,1.25", "norm.eps=1e-5,1e-12", "model=micro"])
+    grid = space.grid()
+    assert len(grid) == 8 and space.fixed == ["model=micro"]
+    assert grid[0] == {"init.gamma": 0.5, "norm.eps": 1e-5} and grid[1] == {"init.gamma": 0.5, "norm.eps": 1e-12}
+    assert space.overrides_for(grid[3]) == ["model=micro", "init.gamma=0.75", "norm.eps=1e-12"]
+
+
+def test_discrete_sweeps_become_categoricals_in_a_search():
+    space = parse_sweep(["attn=none,headwise", "init.gamma=interval(0.5,1.5)"])
+    dists = space.distributions()
+    assert dists["attn"] == CategoricalDistribution(["none", "headwise"])
+    assert isinstance(dists["init.gamma"], FloatDistribution)
+
+
+def test_params_from_config_work_like_the_command_line_which_wins():
+    space = parse_sweep(["init.gamma=0.5,1.0"], params={"init.gamma": "0.1,0.2,0.3", "norm.eps": "1e-5,1e-12"})
+    assert space.discrete["init.gamma"].values == (0.5, 1.0)
+    assert space.discrete["norm.eps"].values == (1e-5, 1e-12)
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("init.gamma=interval(1)", "init.gamma=interval(1) is invalid"),
+        ("init.gamma=interval(2,1)", "needs start < end"),
+        ("optim.lr=tag(log,interval(0,1))", "log interval needs start > 0"),
+        ("init.gamma=range(1,1)", "has no values"),
+        ("init.gamma=0.5,0.5", "lists a value twice"),
+        ("init.gamma=(0.5", "init.gamma=(0.5 is invalid"),
+    ],
+)
+def test_malformed_sweeps_fail_with_the_key(override, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        parse_sweep([override])
