@@ -56,6 +56,8 @@ class Composer:
             container = OmegaConf.to_container(job_cfg, resolve=True)
         except Exception as e:
             raise ConfigError(_first_line(e)) from None
+        if container.get("data", {}).get("paths"):  # workers may run elsewhere: pin user files
+            container["data"]["paths"] = [str(Path(p).expanduser().absolute()) for p in container["data"]["paths"]]
         trial = trial_config_from_dict(container)
         _validate_data(trial.data)
         ray_cfg, wandb_cfg = container.get("ray", {}), container.get("wandb", {})
@@ -115,7 +117,11 @@ def connect_ray(ray_cfg: dict[str, Any]) -> None:
     if ray.is_initialized():
         return
     address = ray_cfg.get("address")
-    kwargs = {"include_dashboard": False, "logging_level": logging.WARNING, "log_to_driver": False}
+    # Trials keep the working directory they were launched from (Tune would chdir into its
+    # own trial folder); set for every worker of the job, on a remote cluster too.
+    os.environ["RAY_CHDIR_TO_TRIAL_DIR"] = "0"
+    kwargs = {"include_dashboard": False, "logging_level": logging.WARNING, "log_to_driver": False,
+              "runtime_env": {"env_vars": {"RAY_CHDIR_TO_TRIAL_DIR": "0"}}}
     if address:
         _check_reachable(address)
     try:
@@ -238,7 +244,6 @@ def _plan(conf, space, study, specs, composer):
 
 
 def _tune(conf, ray_cfg, space, study, pending, n_new, composer, sweep_dir, total, skipped) -> str | None:
-    os.environ.setdefault("RAY_CHDIR_TO_TRIAL_DIR", "0")
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # our ProgressTable is the display
     # A failed trial's last report has no val_loss; it is still a result we want recorded.
     os.environ.setdefault("TUNE_DISABLE_STRICT_METRIC_CHECKING", "1")

@@ -198,3 +198,22 @@ def test_results_columns_are_documented():
                    "tokens", "final_val_loss", "best_val_loss", "wall_s", "tokens_per_s", "trial_dir",
                    "per_token_losses_path", "attn_sink", "stable_rank", "node_id"):
         assert f"`{column}`" in readme, column
+
+
+def test_a_sweep_on_your_own_text_with_a_relative_path(tmp_path, data_cache):
+    docs = tmp_path / "mytext"
+    docs.mkdir()
+    words = "the quick brown fox jumps over the lazy dog while small init keeps the residual stream calm".split()
+    for i in range(8):
+        paragraphs = [" ".join(words[(i + j) % len(words):] + words[: (i + j) % len(words)]) for j in range(40)]
+        (docs / f"doc{i}.txt").write_text("\n\n".join(paragraphs))
+    proc = sweep(tmp_path, data_cache, "init.gamma=0.5,1.0", "data=text", "data.paths=[mytext/*.txt]",
+                 "data.vocab_size=300", "data.val_fraction=0.25", "train.eval_tokens=128",
+                 "train.per_token_eval_tokens=64", "wandb.mode=disabled", "name=owntext")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    df = pd.read_parquet(tmp_path / "sweeps" / "owntext" / "results.parquet")
+    assert list(df["state"]) == ["COMPLETE", "COMPLETE"]
+    assert df["final_val_loss"].notna().all()
+    # The driver pinned the relative glob to this folder, so workers read the same files.
+    config = (Path(df["trial_dir"][0]) / "trial.json").read_text()
+    assert str(docs / "*.txt") in config
