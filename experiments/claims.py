@@ -200,7 +200,7 @@ def effective_size_claim(es, recipe: str | None) -> Claim:
                           f"[{100 * lo:+.1f}%, {100 * hi:+.1f}%] ({r.get('interval', 'no interval')})")
         c.numbers.append({k: (None if isinstance(v, float) and not np.isfinite(v) else v) for k, v in r.items()})
         if "seed" not in str(r.get("interval", "")):
-            statuses.append("one seed")
+            statuses.append("one seed" if "token" in str(r.get("interval", "")) else "no interval")
         elif lo > 0:
             statuses.append("gain")
         elif hi < 0:
@@ -215,6 +215,8 @@ def effective_size_claim(es, recipe: str | None) -> Claim:
         c.verdict, c.reason = "supported", "the gain's 95% seed-bootstrap interval excludes 0 at every size"
     elif "one seed" in statuses:
         c.verdict, c.reason = "not enough data", "one seed (the interval covers evaluation noise only)"
+    elif "no interval" in statuses:
+        c.verdict, c.reason = "not enough data", "one seed and no per-token losses: no interval"
     else:
         c.verdict, c.reason = "not enough data", "the gain's interval includes 0"
     return c
@@ -232,6 +234,8 @@ def residual_claim(slopes: pd.DataFrame) -> Claim:
     off = (slopes["measured"] - slopes["predicted"]).abs()
     if len(slopes) < 2:
         c.reason = "one γ only"
+    elif slopes["widths"].min() < 3:
+        c.reason = "fewer than three widths: a slope from two points says little (pass --widths 64,128,...,2048)"
     elif (off <= SLOPE_TOL).all():
         c.verdict, c.reason = "supported", f"every exponent within ±{SLOPE_TOL} of 1−γ (deterministic, at init)"
     else:

@@ -255,7 +255,8 @@ def probe_curves(curves: pd.DataFrame, size: str):
         a.set_xlabel(STEP)
         a.grid(alpha=0.3)
         a.legend(fontsize=7)
-    fig.suptitle(f"Condensation then expansion? {size} (thin lines: seeds)", fontsize=10)
+    seeds = " (thin lines: single seeds)" if d.groupby("variant")["seed"].nunique().max() > 1 else ""
+    fig.suptitle(f"Condensation then expansion? {size}{seeds}", fontsize=10)
     fig.tight_layout()
     return fig
 
@@ -367,6 +368,6 @@ def importances(imp: dict[str, dict[str, float]]):
         ax.set_xlabel("importance [fraction of total]")
         ax.set_ylabel("swept parameter [key]")
         ax.grid(alpha=0.3, axis="x")
-    fig.suptitle("Optuna parameter importances (PED-ANOVA)")
+    fig.suptitle("Optuna parameter importances")
     fig.tight_layout()
     return fig

@@ -56,10 +56,15 @@ def importances(sweep_dir: Path, results: pd.DataFrame) -> tuple[dict[str, float
         return None, f"{sweep_dir.name}: {len(done)} completed trial(s); importances need at least 2."
     if not dists:
         return None, f"{sweep_dir.name}: the completed trials have no parameters."
+    evaluator = evaluator_name = None
+    if hasattr(optuna.importance, "PedAnovaImportanceEvaluator"):  # Optuna 5's default, named explicitly
+        evaluator, evaluator_name = optuna.importance.PedAnovaImportanceEvaluator(), "PED-ANOVA"
     try:
-        imp = optuna.importance.get_param_importances(study)
+        imp = optuna.importance.get_param_importances(study, evaluator=evaluator)
     except Exception as e:  # evaluators raise on degenerate data (one distinct value, ...)
-        return None, f"{sweep_dir.name}: Optuna could not rank the parameters ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})."
+        first = str(e).splitlines()[0] if str(e) else ""
+        return None, f"{sweep_dir.name}: Optuna could not rank the parameters ({type(e).__name__}: {first})."
     return ({k: float(v) for k, v in imp.items()},
-            f"{sweep_dir.name} (study {study.study_name!r}): importances of {len(imp)} parameter(s) over {len(done)} completed trials "
-            "(Optuna's default evaluator). With one parameter its importance is 1 by construction.")
+            f"{sweep_dir.name} (study {study.study_name!r}): importances of {len(imp)} parameter(s) over {len(done)} "
+            f"completed trials ({evaluator_name or 'Optuna default'} evaluator). With one parameter its importance is 1 "
+            "by construction; with few trials the ranking is rough.")

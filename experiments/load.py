@@ -121,7 +121,7 @@ def load(dirs: list[Path], metric: str = LOSS) -> Sweep:
     if "identity" in results:
         results = results.drop_duplicates("identity", keep="first").reset_index(drop=True)
     for col in (*SIZE_COLS, *SEED_COLS, *BASE_SETTING_COLS, *EXTRA_SETTING_COLS, "gamma", "n_params", metric,
-                "state", "unigram_entropy", "attn_sink", "saturation", "residual_ratio"):
+                "state", "fail_reason", "unigram_entropy", "attn_sink", "saturation", "residual_ratio", "wall_s"):
         if col not in results:
             results[col] = np.nan
     if metric not in results:

@@ -194,7 +194,7 @@ def balance_slopes(rb: pd.DataFrame, eps: float = 1e-12) -> pd.DataFrame:
     rows = []
     for gamma, g in rb[np.isclose(rb["eps"], eps)].groupby("gamma"):
         k, c = np.polyfit(np.log(g["width"]), np.log(g["residual_ratio"]), 1)
-        rows.append(dict(gamma=gamma, measured=float(k), predicted=1 - gamma, intercept=float(c),
+        rows.append(dict(gamma=gamma, measured=float(k), predicted=1 - gamma, intercept=float(c), widths=len(g),
                          spread=float(g["residual_ratio"].max() / g["residual_ratio"].min())))
     return pd.DataFrame(rows)
 

@@ -147,8 +147,16 @@ def build(dirs: list[Path], out_root: Path = Path("reports"), baseline_gamma: fl
             if var_a in have and var_b in have:
                 r = analyse(sweep, var_a, var_b, size)
                 (token_notes if isinstance(r, str) else token_results).append(r)
-    token_why = None if token_results else (
-        "; ".join(token_notes) or ("needs two different arms at the same size" if var_a != var_b else "only one arm"))
+    if token_results:
+        token_why = None
+    elif token_notes:
+        token_why = "; ".join(token_notes)
+    elif var_b is None:
+        token_why = f"no trial at the baseline γ = {baseline_gamma:g} (pass --arms A B, e.g. --arms gamma=1 gamma=0.75)"
+    elif var_a is None or var_a == var_b:
+        token_why = "the sweep has only one arm"
+    else:
+        token_why = f"{var_a} and {var_b} never ran at the same size"
 
     # --- mechanism -----------------------------------------------------------------------------
     traj = trajectories(curves) if not curves.empty else pd.DataFrame()
@@ -190,7 +198,8 @@ def build(dirs: list[Path], out_root: Path = Path("reports"), baseline_gamma: fl
                       f"models on 1T tokens: its smallest model has {scale_info['params_below_paper']:.0f}× the "
                       f"parameters of the largest here" + (f", and it trains on {scale_info['tokens_below_paper']:.1e}× the tokens"
                                                            if scale_info['tokens_below_paper'] else "")
-                      + ". These are CPU-scale measurements, not a reproduction of the paper's setting."))
+                      + f". These are CPU-scale measurements, not a reproduction of the paper's setting "
+                      f"(all trials together: {scale_info['wall_s'] / 60:.1f} min of training)."))
     if math.isfinite(unigram) and df[metric].min() > unigram:
         add(Block("note", f"Every trial ends above the unigram entropy ({df[metric].min():.3f} > {unigram:.3f} nats): "
                           "no model has learned more than token frequencies, so differences between arms say little "
@@ -274,14 +283,15 @@ def build(dirs: list[Path], out_root: Path = Path("reports"), baseline_gamma: fl
     if not curves.empty and curves["row_cosine"].notna().any():
         add(Block("h3", "Condensation then expansion"))
         add(Block("figure", figs.save(F.probe_curves(curves, largest), "condensation",
-                                      "Mean row-wise |cos| and stable rank of the block matrices over training; thick "
-                                      "lines are seed means.")))
+                                      "Mean row-wise |cos| and stable rank of the block matrices over training "
+                                      "(lines with markers: seed means).")))
         if not traj.empty:
             tt = traj.groupby(["size", "variant"]).agg(
                 start=("start", "mean"), peak=("peak", "mean"), peak_step=("peak_step", "median"), final=("final", "mean"),
                 rank_start=("rank_start", "mean"), rank_min=("rank_min", "mean"), rank_final=("rank_final", "mean"),
                 trials=("pattern", "size"),
                 outcome=("status", lambda x: ", ".join(f"{v}× {k}" for k, v in x.value_counts().items()))).reset_index()
+            tt["peak_step"] = tt["peak_step"].map(lambda x: f"{x:.0f}")
             for col in ("start", "peak", "final"):
                 tt[col] = tt[col].map(lambda x: f"{x:.3f}")
             for col in ("rank_start", "rank_min", "rank_final"):

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from .layers import MoE, LayerNorm, RMSNorm
+from .layers import LayerNorm, MoE, RMSNorm
 from .transformer import Transformer
 
 

@@ -116,9 +116,8 @@ class WandbReporter:
 
 def run_spec(config: dict[str, Any]) -> None:
     """The Tune function trainable."""
-    from ray import tune
-
     import torch
+    from ray import tune
 
     from trainer.loop import load_result, run_trial
     from trainer.reporting import MultiReporter

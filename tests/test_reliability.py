@@ -18,7 +18,7 @@ import pytest
 from trainer.checkpoint import atomic_write_json
 
 from .conftest import REPO
-from .test_sweep import TINY_SWEEP, study_trials, sweep
+from .test_sweep import TINY_SWEEP, sweep
 
 
 def test_atomic_write_keeps_the_old_file_when_writing_fails(tmp_path):

@@ -20,8 +20,10 @@ import pytest
 from experiments import claims as claims_mod
 from experiments.figures import LabelError, check_labels
 from experiments.load import ReportError, load, resolve_dirs
+from experiments.report import build
+from experiments.report import main as report_main
 from experiments.scaling import effective_size, fit_power_law
-from experiments.screenshot import find_browser, page_info, screenshot
+from experiments.screenshot import find_browser
 from experiments.stats import A_HIGHER, A_LOWER, ONE_SEED, WITHIN, compare, verdict
 from experiments.tokens import delta_sym
 
@@ -167,11 +169,17 @@ def test_residual_balance_follows_the_predicted_exponents(summary):
     assert {r["width"] for r in summary["residual_balance"]["data"]} == {64, 128, 256}
 
 
-@pytest.mark.skipif(find_browser() is None, reason="no chromium on this machine (apt-get install -y chromium)")
 def test_the_page_renders_in_headless_chromium(tiny_report, summary, tmp_path):
-    info = page_info(tiny_report / "index.html")
-    assert info["images"] == info["images-loaded"] == len(summary["figures"])
-    shot = screenshot(tiny_report / "index.html", tmp_path / "page.png")
+    """`python -m experiments.screenshot` as a person runs it: every figure decodes, the
+    screenshot holds the whole page."""
+    if find_browser() is None:
+        pytest.skip("no chromium on this machine (Debian: apt-get install -y chromium)")
+    shot = tmp_path / "page.png"
+    proc = subprocess.run([sys.executable, "-m", "experiments.screenshot", str(tiny_report), "--out", str(shot)],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    n = len(summary["figures"])
+    assert f"{n}/{n} figures rendered" in proc.stdout
     from PIL import Image
 
     img = np.asarray(Image.open(shot).convert("L"))
@@ -179,29 +187,26 @@ def test_the_page_renders_in_headless_chromium(tiny_report, summary, tmp_path):
     assert (img < 200).mean() > 0.02  # text and figures, not a blank page
 
 
-def test_screenshot_cli(tiny_report, tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "experiments.screenshot", str(tiny_report), "--out",
-                           str(tmp_path / "s.png")], cwd=REPO, capture_output=True, text=True, timeout=300)
-    if find_browser() is None:
-        assert proc.returncode == 2 and "no chromium" in proc.stderr
-    else:
-        assert proc.returncode == 0, proc.stderr
-        assert (tmp_path / "s.png").exists() and "figures rendered" in proc.stdout
-
-
 # --- errors --------------------------------------------------------------------------------------
 
-def test_errors_are_one_line(tmp_path):
-    proc = report_cli("--sweep", str(tmp_path / "nope"))
-    assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0
-    assert proc.stderr.startswith("error: sweep folder")
-    proc = report_cli("--sweeps-root", str(tmp_path))
-    assert proc.returncode == 2 and "no sweep found" in proc.stderr and proc.stderr.strip().count("\n") == 0
+def test_errors_are_one_line(tmp_path, capsys):
+    def run(*args: str) -> tuple[int, str]:
+        rc = report_main(list(args))
+        return rc, capsys.readouterr().err
+
+    rc, err = run("--sweep", str(tmp_path / "nope"))
+    assert rc == 2 and err.startswith("error: sweep folder") and err.strip().count("\n") == 0
+    rc, err = run("--sweeps-root", str(tmp_path))
+    assert rc == 2 and "no sweep found" in err and err.strip().count("\n") == 0
     (tmp_path / "empty").mkdir()
     pd.DataFrame({"identity": pd.Series(dtype=str), "state": pd.Series(dtype=str)}).to_parquet(
         tmp_path / "empty" / "results.parquet")
-    proc = report_cli("--sweep", str(tmp_path / "empty"))
-    assert proc.returncode == 2 and "has no trials" in proc.stderr and proc.stderr.strip().count("\n") == 0
+    rc, err = run("--sweep", str(tmp_path / "empty"))
+    assert rc == 2 and "has no trials" in err and err.strip().count("\n") == 0
+    pd.DataFrame({"identity": ["a"], "state": ["FAIL"], "final_val_loss": [None]}).to_parquet(
+        tmp_path / "empty" / "results.parquet")
+    rc, err = run("--sweep", str(tmp_path / "empty"))
+    assert rc == 2 and "no COMPLETE trial" in err and err.strip().count("\n") == 0
 
 
 def test_newest_sweep_is_the_latest_results_table(tmp_path):
@@ -274,13 +279,11 @@ def test_effective_size_recovers_a_known_gain(tmp_path):
 
 def test_effective_size_report_from_several_sizes(tmp_path):
     d = synthetic_sweep(tmp_path, gain=-0.3)
-    proc = report_cli("--sweep", str(d), "--out", str(tmp_path / "reports"), "--widths", "64,128", "--boot", "50")
-    assert proc.returncode == 0, proc.stderr
-    s = json.loads((tmp_path / "reports" / "synth" / "summary.json").read_text())
+    out = build([d], tmp_path / "reports", widths=(64, 128), n_boot=50, log=lambda _: None)
+    s = json.loads((out / "summary.json").read_text())
     assert s["effective_size"]["fit"]["E"] == pytest.approx(2.0, abs=0.1)
     assert np.mean([g["gain"] for g in s["effective_size"]["gains"]]) == pytest.approx(-0.3, abs=0.08)
-    eff = next(c for c in s["claims"] if "effective model size" in c["claim"])
-    assert eff["verdict"] == "not supported"  # a smaller effective size, beyond the seed spread
+    assert claim(s, "effective model size")["verdict"] == "not supported"  # smaller, beyond the seed spread
     assert "effective_size.png" in {f["file"] for f in s["figures"]}
 
 

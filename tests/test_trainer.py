@@ -162,3 +162,20 @@ def test_mfu_is_reported_only_with_a_peak(trial_config, tmp_path):
     assert result.mfu is not None and 0 < result.mfu < 1
     assert math.isclose(result.mfu, result.tokens_per_s * flops_per_token(trial_config()) / 1e12, rel_tol=1e-9)
     assert torch.get_num_threads() == 1  # train.threads=1 applied
+
+
+@pytest.mark.slow
+def test_default_micro_trial_learns_well_below_unigram_entropy(data_cache, tmp_path):
+    """The default trial, exactly as `python sweep.py` runs it (about a minute on 2 cores)."""
+    proc = run_cli(["hydra.run.dir=run", "wandb.mode=disabled"], cwd=tmp_path, env={"SMALLINIT_CACHE": str(data_cache)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = load_result(tmp_path / "run")
+    assert result["n_params"] > 5e6 and result["tokens"] == 122_880
+    assert result["final_val_loss"] < result["unigram_entropy"] - 0.5, result
+
+
+@pytest.mark.slow
+def test_torch_compile_matches_eager(trial_config, tmp_path):
+    eager = run_trial(trial_config(), tmp_path / "eager", log=lambda *_: None)
+    compiled = run_trial(trial_config("train.compile=true"), tmp_path / "compiled", log=lambda *_: None)
+    assert compiled.final_val_loss == pytest.approx(eager.final_val_loss, abs=2e-3)

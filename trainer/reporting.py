@@ -45,7 +45,13 @@ class ConsoleReporter:
     """A rich progress bar with the latest train and validation loss, for plain runs."""
 
     def __init__(self, total_steps: int, description: str = "train", start_step: int = 0):
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeRemainingColumn,
+        )
 
         self.progress = Progress(
             TextColumn("[bold]{task.description}"),
