@@ -13,8 +13,7 @@ from torch import nn
 
 from .config import ModelConfig
 from .init import Initializer
-from .layers import Attention as Attention
-from .layers import MoE, SwiGLU, make_norm, rope_tables
+from .layers import Attention, MoE, SwiGLU, make_norm, rope_tables
 
 
 class Block(nn.Module):

@@ -63,6 +63,9 @@ class TrainConfig:
     grad_accum: int = 1
     max_tokens: int | None = 122_880
     max_steps: int | None = None
+    # Budget as tokens per parameter (Chinchilla's rule of thumb is 20); sets max_tokens
+    # from the model's size when given.
+    tokens_per_param: float | None = None
     eval_every: int = 20
     eval_tokens: int = 32768
     per_token_eval_tokens: int = 16384
@@ -168,7 +171,7 @@ def trial_config_from_dict(cfg: dict[str, Any]) -> TrialConfig:
     train = TrainConfig(**_only_known("train", dict(cfg["train"]), TrainConfig))
     # The data decides the vocabulary: the model gets data.vocab_size unless model.vocab_size
     # is set, which must then cover it.
-    data_vocab = data["vocab_size"] if task == "lm" else ANCHOR_VOCAB
+    data_vocab = data.get("vocab_size") if task == "lm" else ANCHOR_VOCAB
     overrides.setdefault("vocab_size", data_vocab)
     _require(
         overrides["vocab_size"] >= data_vocab,
@@ -184,6 +187,10 @@ def trial_config_from_dict(cfg: dict[str, Any]) -> TrialConfig:
         init=InitConfig(**_only_known("init", dict(cfg["init"]), InitConfig)),
         **overrides,
     )
+    if train.tokens_per_param is not None:
+        _require(train.tokens_per_param > 0, "train.tokens_per_param", train.tokens_per_param, "must be > 0 or null")
+        budget = int(train.tokens_per_param * model.num_params(active=True))
+        train = dataclasses.replace(train, max_tokens=max(budget, train.tokens_per_step), max_steps=None)
     _require(train.seq_len <= model.max_seq_len, "train.seq_len", train.seq_len, f"must be <= model.max_seq_len ({model.max_seq_len})")
     optim_d = dict(_only_known("optim", dict(cfg["optim"]), OptimConfig))
     if "betas" in optim_d:

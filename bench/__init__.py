@@ -1,0 +1,13 @@
+"""Benchmarks: what the instrument (trial loop, probes, sweeper) costs, against bare baselines
+measured side by side in the same run.
+
+    python -m bench                       the full set (micro preset, ~15 min on 2 CPU cores)
+    python -m bench --tiny                a seconds-scale smoke run (CI checks its output's shape)
+    python -m bench --only gpu_mfu        one or more benchmarks, comma-separated
+
+Every figure is a ratio of medians (or a median of paired ratios) over repeats in which the
+baseline and the measured run alternate (ABAB...), so load from other work on the machine
+hits both sides. Results go to bench/results.json and bench/results.md (see bench/report.py).
+"""
+
+BENCHMARKS = ("trainer_vs_bare", "probe_overhead", "sweep_overhead", "data_prep", "gpu_mfu")

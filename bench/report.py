@@ -1,0 +1,129 @@
+"""results.json and the markdown table (results.md), from the benchmark entries.
+
+results.json:
+    {"machine": {...}, "timestamp": ..., "settings": {...},
+     "benchmarks": {name: {"ratio" (or values), "target": {"op", "value"} | null, "pass": bool | null,
+                           "baseline": {...}, "measured": {...}, "repeats": n, "machine": ..., ...}
+                          | {"skipped": reason} | {"error": message}}}
+A benchmark run with `--only` replaces its own entry and keeps the others from the last run
+(each entry names the machine it ran on), so a GPU machine can add gpu_mfu to CPU results.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from . import BENCHMARKS
+
+
+def _target(t: dict | None) -> str:
+    return f"{'≥' if t['op'] == '>=' else '≤'} {t['value']:g}" if t else "-"
+
+
+def _verdict(entry: dict) -> str:
+    if "skipped" in entry:
+        return "SKIP"
+    if "error" in entry:
+        return "ERROR"
+    return {True: "PASS", False: "MISS"}.get(entry.get("pass"), "-")
+
+
+def _f(x: Any, fmt: str = ".3f") -> str:
+    return "-" if x is None or (isinstance(x, float) and not math.isfinite(x)) else format(x, fmt)
+
+
+def rows(benchmarks: dict[str, dict]) -> list[list[str]]:
+    out = []
+    for name in BENCHMARKS:
+        e = benchmarks.get(name)
+        if e is None:
+            continue
+        where = e.get("machine", "")
+        if "skipped" in e or "error" in e:
+            out.append([name, "-", _target(e.get("target")), _verdict(e), "-", "-", "-",
+                        (e.get("skipped") or e.get("error", "")).splitlines()[0], where])
+            continue
+        b, m = e.get("baseline", {}), e.get("measured", {})
+        if name == "trainer_vs_bare":
+            out.append([name, _f(e["ratio"]), _target(e["target"]), _verdict(e),
+                        f"bare loop {b['tokens_per_s']:,.0f} tok/s", f"run_trial {m['tokens_per_s']:,.0f} tok/s",
+                        str(e["repeats"]),
+                        f"step time only {_f(e['ratio_steps'])}; end to end {_f(e['ratio_end_to_end'])} "
+                        f"(validation {e['eval_share']:.0%} of the trial's wall time)", where])
+        elif name == "probe_overhead":
+            out.append([name, _f(e["ratio"]), _target(e["target"]), _verdict(e),
+                        f"no probes {b['training_s']:.1f} s", f"probes {m['training_s']:.1f} s", str(e["repeats"]),
+                        f"timed inside the run: {_f(e['ratio_direct'])} ({m['probe_s']:.2f} s in run_probes)", where])
+        elif name == "sweep_overhead":
+            fit = e.get("fit") or {}
+            note = (f"first trial runs after {m['to_first_trial_s']:.1f} s; per trial: worker dispatch "
+                    f"{_f(m['worker_dispatch_s'], '.1f')} s, W&B init {_f(m['trial_setup_s'], '.1f')} s; "
+                    f"driver peak {e['driver_peak_rss_mb']:.0f} MB (all Ray processes {e['tree_peak_rss_mb']:.0f} MB)")
+            if fit:
+                note += f"; fit: {fit['fixed_s']:.1f} s once + {fit['per_trial_s']:.2f} s per trial"
+            if "wandb_disabled_ratio" in e:
+                note += f"; W&B disabled {_f(e['wandb_disabled_ratio'], '.2f')}"
+            if "projected_make_sweep_ratio" in e:
+                note += f"; projected for `make sweep` (8 default trials) {_f(e['projected_make_sweep_ratio'], '.2f')}"
+            out.append([f"{name} ({e['concurrency']} at once)", _f(e["ratio"], ".2f"), _target(e["target"]), _verdict(e),
+                        f"ideal {b['ideal_s']:.1f} s", f"sweep {m['wall_s']:.1f} s", str(e["repeats"]), note, where])
+            for s in e["series"]:
+                out.append([f"  {s['trials']} trials", _f(s["ratio"], ".2f"), "-", "-", f"ideal {s['ideal_s']:.1f} s",
+                            f"sweep {s['wall_s']:.1f} s", str(s["repeats"]),
+                            f"overhead {s['overhead_s']:.1f} s; driver peak {s['driver_peak_rss_mb']:.0f} MB", where])
+        elif name == "data_prep":
+            c = e["corpus"]
+            out.append([name, f"{e['cold_s']:.2f} s cold / {e['warm_s'] * 1000:.1f} ms warm", "-", "-",
+                        "empty cache", "cache hit", str(e["repeats"]),
+                        f"{c['name']} corpus, vocab {c['vocab_size']}, {c['train_tokens'] + c['val_tokens']:,} tokens", where])
+        elif name == "gpu_mfu":
+            out.append([name, _f(e["ratio"], ".1%"), _target(e["target"]), _verdict(e), "-", "-", str(e["repeats"]),
+                        "lowest over the presets", where])
+            for preset, r in e["presets"].items():
+                if "error" in r:
+                    out.append([f"  {preset}", "-", "-", "ERROR", "-", "-", "-", r["error"], where])
+                    continue
+                out.append([f"  {preset}", _f(r["mfu"], ".1%"), _target(e["target"]), "-", "-",
+                            f"{r['tokens_per_s']:,.0f} tok/s", str(r["steps"]),
+                            f"batch {r['batch_size']}x{r['seq_len']}, {r['max_memory_gb']:.0f} GB", where])
+    return out
+
+
+HEADER = ["benchmark", "figure", "target", "result", "baseline", "measured", "repeats", "notes", "machine"]
+
+
+def markdown(results: dict[str, Any]) -> str:
+    lines = ["# Benchmarks", "",
+             f"`python -m bench` ({results['settings']['mode']}), {results['timestamp']}. Each figure is measured "
+             "against a baseline run alternately with it in the same run (medians over repeats); "
+             "see README, \"Benchmarks\".", "",
+             "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
+    for row in rows(results["benchmarks"]):
+        lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |")
+    m = results["machine"]
+    lines += ["", f"Machine: {m.get('cpu_count')} CPUs ({m.get('cpu_model')}), torch {m.get('torch')}, "
+                  f"CUDA {m.get('cuda') or 'none'}{', ' + m['gpu'] if m.get('gpu') else ''}; "
+                  f"load average at start {m.get('loadavg_at_start')}.", ""]
+    return "\n".join(lines)
+
+
+def write(results: dict[str, Any], out_dir: Path) -> tuple[Path, Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    json_path, md_path = out_dir / "results.json", out_dir / "results.md"
+    json_path.write_text(json.dumps(_finite(results), indent=2) + "\n")
+    md_path.write_text(markdown(results))
+    return json_path, md_path
+
+
+def _finite(x: Any) -> Any:
+    """JSON has no NaN or inf: write null instead."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_finite(v) for v in x]
+    return x

@@ -1,0 +1,277 @@
+"""sweep_overhead: `python sweep.py -m init.gamma=...` against the ideal for the same trials.
+
+The sweep is the command a user runs (local Ray, Optuna study in SQLite, W&B offline, the
+results table), from an empty folder, on a prepared corpus cache, at
+`ray.num_cpus=C hydra.sweeper.max_concurrent=C`; its wall time is process start to exit.
+
+The ideal: each trial's bare time summed and divided by C. The bare per-trial time is
+`run_trial` of the same TrialConfig (so trainer costs, measured by trainer_vs_bare, are not
+counted twice) in a plain pool of C warm worker processes, 1 torch thread each (what
+ray.cpus_per_trial=1 gives a trial): the trials meet the same core contention as in the sweep,
+but no Ray, Hydra, Optuna, W&B or process start-up. The pool's own wall time is reported too.
+Sweep and pool alternate (ABAB) at each size.
+
+Where a sweep's time goes is read back from its trial folders: placement.json is written when
+the Ray worker starts the trial, trial.json when run_trial starts (after W&B's init), result.json
+when run_trial ends. Driver memory: VmHWM / VmRSS of the driver process and the RSS summed over
+its process tree (Ray's GCS, raylet and workers), sampled from /proc.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import multiprocessing
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from .common import REPO, cache_dir, compose_trial, median, prepared_data, progress, spread
+
+TARGET = {"op": "<=", "value": 1.10}
+
+
+def gammas(n: int) -> list[float]:
+    return [round(0.5 + 0.05 * i, 4) for i in range(n)]
+
+
+# ---- the baseline: a plain process pool running run_trial ----
+
+def _pool_warm(trial, threads: int) -> None:
+    import torch
+
+    from trainer.loop import run_trial
+
+    torch.set_num_threads(threads)
+    out = tempfile.mkdtemp(prefix="smallinit-bench-warm-")
+    try:
+        run_trial(trial, Path(out), log=lambda *_: None)
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+    time.sleep(0.5)  # hold this worker so the next warm-up job starts the other one
+
+
+def _pool_trial(trial, threads: int) -> float:
+    import torch
+
+    from trainer.loop import run_trial
+
+    torch.set_num_threads(threads)
+    out = tempfile.mkdtemp(prefix="smallinit-bench-pool-")
+    try:
+        t0 = time.perf_counter()
+        run_trial(trial, Path(out), log=lambda *_: None)
+        return time.perf_counter() - t0
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+
+
+def pool_run(pool, trials, concurrency: int) -> dict:
+    t0 = time.perf_counter()
+    times = list(pool.map(_pool_trial, trials, [1] * len(trials)))
+    wall = time.perf_counter() - t0
+    return {"ideal_s": sum(times) / concurrency, "pool_wall_s": wall, "trial_s": median(times)}
+
+
+# ---- the measured side: the real sweep command ----
+
+class TreeSampler(threading.Thread):
+    """Samples the memory of a process and its descendants from /proc until stopped."""
+
+    def __init__(self, pid: int, every: float = 0.1):
+        super().__init__(daemon=True)
+        self.pid, self.every = pid, every
+        self.driver_hwm_kb = self.driver_rss_kb = self.tree_rss_kb = 0
+        self.tree_max = 0
+        self._halt = threading.Event()
+
+    def run(self) -> None:
+        while not self._halt.is_set():
+            status = _status(self.pid)
+            if status:
+                self.driver_hwm_kb = max(self.driver_hwm_kb, status.get("VmHWM", 0))
+                self.driver_rss_kb = max(self.driver_rss_kb, status.get("VmRSS", 0))
+            pids = _descendants(self.pid)
+            self.tree_max = max(self.tree_max, len(pids))
+            self.tree_rss_kb = max(self.tree_rss_kb, sum(_status(p).get("VmRSS", 0) for p in pids))
+            self._halt.wait(self.every)
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join()
+
+
+def _status(pid: int) -> dict[str, int]:
+    try:
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except OSError:
+        return {}
+    out = {}
+    for line in lines:
+        key, _, value = line.partition(":")
+        if key in ("VmHWM", "VmRSS"):
+            out[key] = int(value.split()[0])
+    return out
+
+
+def _descendants(root: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = Path(entry.path, "stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry.name))
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo += children.get(pid, [])
+    return out
+
+
+def sweep_run(n: int, settings, wandb_mode: str, cache: Path) -> dict:
+    cwd = Path(tempfile.mkdtemp(prefix="smallinit-bench-sweep-"))
+    name = f"bench{n}"
+    args = ["-m", "init.gamma=" + ",".join(str(g) for g in gammas(n)), *settings.sweep_overrides,
+            f"ray.num_cpus={settings.concurrency}", f"hydra.sweeper.max_concurrent={settings.concurrency}",
+            f"wandb.mode={wandb_mode}", f"name={name}"]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "SMALLINIT_CACHE": str(cache), "WANDB_API_KEY": "",
+           "WANDB_SILENT": "true"}
+    log_path = cwd / "sweep.log"
+    try:
+        with log_path.open("w") as log:
+            t_start = time.time()
+            proc = subprocess.Popen([sys.executable, str(REPO / "sweep.py"), *args], cwd=cwd, env=env,
+                                    stdout=log, stderr=subprocess.STDOUT)
+            sampler = TreeSampler(proc.pid)
+            sampler.start()
+            rc = proc.wait()
+            t_end = time.time()
+            sampler.stop()
+        trials = sorted((cwd / "sweeps" / name / "trials").glob("*/result.json"))
+        if rc != 0 or len(trials) != n:
+            tail = log_path.read_text()[-2000:]
+            raise RuntimeError(f"sweep of {n} trials exited {rc} with {len(trials)} results:\n{tail}")
+        out = {"wall_s": t_end - t_start, "driver_peak_rss_mb": sampler.driver_hwm_kb / 1024,
+               "tree_peak_rss_mb": sampler.tree_rss_kb / 1024, "tree_max_processes": sampler.tree_max}
+        out.update(_timeline([p.parent for p in trials], t_start, t_end, settings.concurrency))
+        return out
+    finally:
+        shutil.rmtree(cwd, ignore_errors=True)
+
+
+def _timeline(dirs: list[Path], t_start: float, t_end: float, concurrency: int) -> dict:
+    start = sorted((d / "placement.json").stat().st_mtime for d in dirs)
+    run_start = [(d / "trial.json").stat().st_mtime for d in dirs]
+    ends = sorted((d / "result.json").stat().st_mtime for d in dirs)
+    init = [(d / "trial.json").stat().st_mtime - (d / "placement.json").stat().st_mtime for d in dirs]
+    in_trial = [(d / "result.json").stat().st_mtime - (d / "trial.json").stat().st_mtime for d in dirs]
+    # Trial k (in start order) takes the slot freed by the (k - C)-th trial to end.
+    dispatch = [start[k] - ends[k - concurrency] for k in range(concurrency, len(start))]
+    return {
+        "to_first_trial_s": min(run_start) - t_start,  # interpreter, Hydra, Ray, study, Tune, worker, W&B
+        "worker_dispatch_s": median(dispatch) if dispatch else None,  # a slot frees -> next trial's worker runs
+        "trial_setup_s": median(init),  # worker start -> run_trial starts (W&B init)
+        "run_trial_s": median(in_trial),
+        "tail_s": t_end - max(ends),  # last trial ends -> command exits (results table, shutdown)
+    }
+
+
+# ---- the benchmark ----
+
+def run(settings, context: dict | None = None) -> dict:
+    name = "sweep_overhead"
+    cache = cache_dir()
+    base = compose_trial(*settings.sweep_overrides)
+    prepared_data(base)
+    trials = {n: [compose_trial(*settings.sweep_overrides, f"init.gamma={g}") for g in gammas(n)]
+              for n in settings.sweep_sizes}
+    plan = [(settings.sweep_headline, "offline")]
+    plan += [(n, "offline") for n in settings.sweep_sizes if n != settings.sweep_headline]
+    plan += [(settings.sweep_headline, "offline")] * (settings.sweep_repeats - 1)
+    if settings.sweep_wandb_disabled:
+        plan.append((settings.sweep_headline, "disabled"))
+    t = base.train
+    progress(name, f"{base.preset} trials of {t.total_steps} steps x {t.tokens_per_step} tokens, concurrency "
+                   f"{settings.concurrency}, sizes {list(settings.sweep_sizes)}; {len(plan)} sweeps, each paired with a pool run")
+    points = []
+    ctx = multiprocessing.get_context("spawn")
+    with cf.ProcessPoolExecutor(max_workers=settings.concurrency, mp_context=ctx) as pool:
+        warm = [pool.submit(_pool_warm, trials[settings.sweep_sizes[0]][0], 1) for _ in range(settings.concurrency)]
+        for f in warm:
+            f.result()
+        for i, (n, mode) in enumerate(plan):
+            order = ["sweep", "pool"] if i % 2 == 0 else ["pool", "sweep"]
+            point = {"trials": n, "wandb": mode}
+            for side in order:
+                point.update(sweep_run(n, settings, mode, cache) if side == "sweep"
+                             else pool_run(pool, trials[n], settings.concurrency))
+            point["ratio"] = point["wall_s"] / point["ideal_s"]
+            points.append(point)
+            progress(name, f"{n:2d} trials (wandb {mode}): sweep {point['wall_s']:6.1f} s, ideal {point['ideal_s']:6.1f} s "
+                           f"(pool {point['pool_wall_s']:.1f} s) -> {point['ratio']:.2f}; first trial after "
+                           f"{point['to_first_trial_s']:.1f} s, driver peak {point['driver_peak_rss_mb']:.0f} MB")
+    return _assemble(points, settings, context or {})
+
+
+def _assemble(points: list[dict], settings, context: dict) -> dict:
+    offline = [p for p in points if p["wandb"] == "offline"]
+    head = [p for p in offline if p["trials"] == settings.sweep_headline]
+    series = []
+    for n in settings.sweep_sizes:
+        ps = [p for p in offline if p["trials"] == n]
+        series.append({"trials": n, "ratio": median(p["ratio"] for p in ps), "wall_s": median(p["wall_s"] for p in ps),
+                       "ideal_s": median(p["ideal_s"] for p in ps), "pool_wall_s": median(p["pool_wall_s"] for p in ps),
+                       "overhead_s": median(p["wall_s"] - p["ideal_s"] for p in ps),
+                       "driver_peak_rss_mb": max(p["driver_peak_rss_mb"] for p in ps),
+                       "tree_peak_rss_mb": max(p["tree_peak_rss_mb"] for p in ps), "repeats": len(ps)})
+    fit = _fit([p["trials"] for p in offline], [p["wall_s"] - p["ideal_s"] for p in offline])
+    ratio = median(p["ratio"] for p in head)
+    out = {
+        "ratio": ratio,
+        "target": TARGET,
+        "pass": ratio <= TARGET["value"],
+        "metric": f"wall time of `sweep.py -m` with {settings.sweep_headline} trials at concurrency "
+                  f"{settings.concurrency} (W&B offline) / ideal (sum of bare run_trial times / {settings.concurrency})",
+        "baseline": {"ideal_s": median(p["ideal_s"] for p in head), "pool_wall_s": median(p["pool_wall_s"] for p in head),
+                     "trial_s": median(p["trial_s"] for p in head)},
+        "measured": {"wall_s": median(p["wall_s"] for p in head),
+                     **{k: median(p[k] for p in head) for k in ("to_first_trial_s", "worker_dispatch_s",
+                                                                 "trial_setup_s", "run_trial_s", "tail_s")}},
+        "series": series,
+        "fit": fit,
+        "driver_peak_rss_mb": max(p["driver_peak_rss_mb"] for p in points),
+        "tree_peak_rss_mb": max(p["tree_peak_rss_mb"] for p in points),
+        "concurrency": settings.concurrency,
+        "trial_overrides": list(settings.sweep_overrides),
+        "spread": spread(p["ratio"] for p in head),
+        "repeats": len(head),
+        "runs": points,
+    }
+    disabled = [p for p in points if p["wandb"] == "disabled"]
+    if disabled:
+        out["wandb_disabled_ratio"] = median(p["ratio"] for p in disabled)
+    trial_s = context.get("default_trial_s")
+    if trial_s and fit:
+        # What the fitted overhead means for `make sweep`: 8 default trials (their in-process
+        # time measured by trainer_vs_bare at the same thread count) at this concurrency.
+        ideal = 8 * trial_s / settings.concurrency
+        out["projected_make_sweep_ratio"] = (ideal + fit["fixed_s"] + 8 * fit["per_trial_s"]) / ideal
+    return out
+
+
+def _fit(ns: list[int], overheads: list[float]) -> dict | None:
+    """Least squares overhead = fixed + per_trial * n: what a sweep costs once, and per trial."""
+    if len(set(ns)) < 2:
+        return None
+    mean_n, mean_o = sum(ns) / len(ns), sum(overheads) / len(overheads)
+    slope = sum((n - mean_n) * (o - mean_o) for n, o in zip(ns, overheads)) / sum((n - mean_n) ** 2 for n in ns)
+    return {"fixed_s": mean_o - slope * mean_n, "per_trial_s": slope}

@@ -1,0 +1,89 @@
+"""The paper's studies as named experiments: each composes, validates and has the grid it says."""
+
+from __future__ import annotations
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from sweeper.space import parse_sweep
+from trainer.config import trial_config_from_dict
+
+from .conftest import CONF
+
+# experiment -> (grid size, preset(s), what each trial must look like)
+EXPECTED = {
+    "gamma_scan": (15, {"micro"}),
+    "eps_fix": (12, {"micro"}),
+    "gate": (18, {"micro"}),
+    "scaling": (12, {"nano", "micro", "mini"}),
+    "moe": (6, {"micro-moe"}),
+    "anchor": (12, {"nano"}),
+    "gpu/gamma_scan": (10, {"0.1b"}),
+    "gpu/eps_fix": (4, {"0.5b"}),
+    "gpu/gate": (6, {"0.1b"}),
+    "gpu/scaling": (8, {"0.1b", "0.25b", "0.5b", "1b"}),
+    "gpu/moe": (2, {"moe-0.5b"}),
+    "gpu/anchor": (32, {"nano"}),
+}
+
+
+def _compose(overrides):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose("config", overrides=overrides, return_hydra_config=True)
+
+
+def grid_trials(experiment):
+    base = _compose([f"+experiment={experiment}"])
+    params = OmegaConf.to_container(base.hydra.sweeper.params)
+    space = parse_sweep([], params)
+    trials = []
+    for point in space.grid():
+        cfg = _compose([f"+experiment={experiment}", *space.overrides_for(point)])
+        container = OmegaConf.to_container(cfg, resolve=False)
+        container.pop("hydra")
+        trials.append(trial_config_from_dict(OmegaConf.to_container(OmegaConf.create(container), resolve=True)))
+    return base, trials
+
+
+@pytest.mark.parametrize("experiment", list(EXPECTED))
+def test_experiment_composes_into_its_grid(experiment, data_cache):
+    size, presets = EXPECTED[experiment]
+    base, trials = grid_trials(experiment)
+    assert len(trials) == size
+    assert {t.preset for t in trials} == presets
+    assert len({t.identity() for t in trials}) == size  # every grid point is a distinct trial
+    assert base.name == experiment.replace("/", "_")
+    if experiment.startswith("gpu/") and experiment != "gpu/anchor":
+        for t in trials:  # Chinchilla: 20 tokens per active parameter
+            assert t.train.max_tokens == pytest.approx(20 * t.model.num_params(active=True), rel=1e-6)
+            assert t.train.compile and t.model.vocab_size == 32768
+
+
+def test_scaling_arms_pair_the_papers_recipes(data_cache):
+    _, trials = grid_trials("scaling")
+    arms = {(t.model.init.gamma, t.model.norm.eps, t.model.attn.gate) for t in trials}
+    assert arms == {(0.5, 1e-5, "none"), (1.0, 1e-12, "elementwise")}
+    # Paired seeds: the same seed drives the weights and the data order.
+    assert all(t.model.init.seed == t.train.seed for t in trials)
+
+
+def test_eps_fix_runs_at_a_width_where_saturation_bites(data_cache):
+    _, trials = grid_trials("eps_fix")
+    assert {t.model.d_model for t in trials} == {512}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("experiment", [e for e in EXPECTED if not e.startswith("gpu/")])
+def test_cpu_form_runs_end_to_end_at_a_reduced_budget(experiment, tmp_path, data_cache):
+    import pandas as pd
+
+    from .conftest import run_cli
+
+    proc = run_cli(["-m", f"+experiment={experiment}", "train.max_steps=2", "train.eval_every=2",
+                    "train.batch_size=4", "train.seq_len=32", "train.eval_tokens=256", "train.per_token_eval_tokens=128",
+                    "train.probe_every=2", "ray.num_cpus=2", "wandb.mode=disabled"],
+                   cwd=tmp_path, env={"SMALLINIT_CACHE": str(data_cache)}, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    df = pd.read_parquet(tmp_path / "sweeps" / experiment / "results.parquet")
+    assert len(df) == EXPECTED[experiment][0] and set(df["state"]) == {"COMPLETE"}
