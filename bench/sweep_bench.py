@@ -20,6 +20,7 @@ its process tree (Ray's GCS, raylet and workers), sampled from /proc.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import json
 import multiprocessing
 import os
 import shutil
@@ -137,19 +138,20 @@ def _descendants(root: int) -> list[int]:
     return out
 
 
-def sweep_run(n: int, settings, wandb_mode: str, cache: Path) -> dict:
+def sweep_run(n: int, settings, wandb_mode: str, cache: Path, repo: Path = REPO) -> dict:
+    """One `sweep.py -m` of n trials; `repo` lets a patched copy of the code be timed the same way."""
     cwd = Path(tempfile.mkdtemp(prefix="smallinit-bench-sweep-"))
     name = f"bench{n}"
     args = ["-m", "init.gamma=" + ",".join(str(g) for g in gammas(n)), *settings.sweep_overrides,
             f"ray.num_cpus={settings.concurrency}", f"hydra.sweeper.max_concurrent={settings.concurrency}",
             f"wandb.mode={wandb_mode}", f"name={name}"]
-    env = {**os.environ, "PYTHONPATH": str(REPO), "SMALLINIT_CACHE": str(cache), "WANDB_API_KEY": "",
+    env = {**os.environ, "PYTHONPATH": str(repo), "SMALLINIT_CACHE": str(cache), "WANDB_API_KEY": "",
            "WANDB_SILENT": "true"}
     log_path = cwd / "sweep.log"
     try:
         with log_path.open("w") as log:
             t_start = time.time()
-            proc = subprocess.Popen([sys.executable, str(REPO / "sweep.py"), *args], cwd=cwd, env=env,
+            proc = subprocess.Popen([sys.executable, str(repo / "sweep.py"), *args], cwd=cwd, env=env,
                                     stdout=log, stderr=subprocess.STDOUT)
             sampler = TreeSampler(proc.pid)
             sampler.start()
@@ -169,6 +171,7 @@ def sweep_run(n: int, settings, wandb_mode: str, cache: Path) -> dict:
 
 
 def _timeline(dirs: list[Path], t_start: float, t_end: float, concurrency: int) -> dict:
+    planned = min((d / "sweep.json").stat().st_mtime for d in dirs)
     start = sorted((d / "placement.json").stat().st_mtime for d in dirs)
     run_start = [(d / "trial.json").stat().st_mtime for d in dirs]
     ends = sorted((d / "result.json").stat().st_mtime for d in dirs)
@@ -176,8 +179,12 @@ def _timeline(dirs: list[Path], t_start: float, t_end: float, concurrency: int) 
     in_trial = [(d / "result.json").stat().st_mtime - (d / "trial.json").stat().st_mtime for d in dirs]
     # Trial k (in start order) takes the slot freed by the (k - C)-th trial to end.
     dispatch = [start[k] - ends[k - concurrency] for k in range(concurrency, len(start))]
+    pids = {a["pid"] for d in dirs for a in json.loads((d / "placement.json").read_text())}
     return {
-        "to_first_trial_s": min(run_start) - t_start,  # interpreter, Hydra, Ray, study, Tune, worker, W&B
+        "worker_processes": len(pids),  # one per trial unless Tune reuses its actors
+        "to_planned_s": planned - t_start,  # interpreter, Hydra, composing trials, Ray, study, data check
+        "planned_to_first_worker_s": start[0] - planned,  # Tune starts, the first worker process comes up
+        "to_first_trial_s": min(run_start) - t_start,  # ... and W&B's init: the first run_trial starts
         "worker_dispatch_s": median(dispatch) if dispatch else None,  # a slot frees -> next trial's worker runs
         "trial_setup_s": median(init),  # worker start -> run_trial starts (W&B init)
         "run_trial_s": median(in_trial),

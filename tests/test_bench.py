@@ -1,0 +1,116 @@
+"""`python -m bench --tiny` runs and writes well-formed results. Not timed: CI machines are too
+noisy for assertions on speed; the figures themselves come from `make bench`."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from bench import BENCHMARKS
+from bench.common import TINY, rotate, timed_calls
+from bench.sweep_bench import _fit
+
+from .conftest import REPO
+
+
+@pytest.fixture(scope="module")
+def tiny_results(data_cache, tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "SMALLINIT_CACHE": str(data_cache), "WANDB_API_KEY": ""}
+    proc = subprocess.run([sys.executable, "-m", "bench", "--tiny", "--out", str(out)], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return out, json.loads((out / "results.json").read_text()), proc.stdout
+
+
+def _positive(x) -> bool:
+    return isinstance(x, int | float) and math.isfinite(x) and x > 0
+
+
+def test_every_benchmark_is_measured_or_skipped_with_a_reason(tiny_results):
+    _, results, _ = tiny_results
+    assert results["machine"]["cpu_count"] >= 1 and results["machine"]["torch"]
+    assert results["settings"]["mode"] == "tiny" and results["timestamp"]
+    assert set(results["benchmarks"]) == set(BENCHMARKS)
+    for name, entry in results["benchmarks"].items():
+        assert "error" not in entry, (name, entry)
+        if "skipped" in entry:
+            assert name == "gpu_mfu" and entry["skipped"].strip(), entry
+            continue
+        assert entry["pass"] in (True, False, None) and entry["repeats"] >= 1, name
+        if entry.get("target") is not None:
+            assert entry["target"]["op"] in (">=", "<=") and _positive(entry["target"]["value"])
+            if entry["ratio"] is None:  # gpu_mfu on a GPU whose peak is unknown
+                assert entry["pass"] is None
+                continue
+            assert entry["pass"] == (entry["ratio"] >= entry["target"]["value"] if entry["target"]["op"] == ">="
+                                     else entry["ratio"] <= entry["target"]["value"])
+
+
+def test_ratios_are_positive_and_finite(tiny_results):
+    _, results, _ = tiny_results
+    b = results["benchmarks"]
+    for name in ("trainer_vs_bare", "probe_overhead", "sweep_overhead"):
+        assert _positive(b[name]["ratio"]), name
+        assert all(_positive(r) for r in b[name].get("paired_ratios", [b[name]["ratio"]]))
+    t = b["trainer_vs_bare"]
+    assert _positive(t["ratio_steps"]) and _positive(t["ratio_end_to_end"]) and 0 <= t["eval_share"] < 1
+    assert _positive(t["baseline"]["tokens_per_s"]) and _positive(t["measured"]["tokens_per_s"])
+    assert _positive(b["probe_overhead"]["ratio_direct"]) and b["probe_overhead"]["measured"]["probe_s"] > 0
+    s = b["sweep_overhead"]
+    assert [p["trials"] for p in s["series"]] == list(TINY.sweep_sizes)
+    assert all(_positive(p["ratio"]) and p["wall_s"] > p["ideal_s"] > 0 for p in s["series"])
+    assert _positive(s["driver_peak_rss_mb"]) and s["tree_peak_rss_mb"] >= s["driver_peak_rss_mb"]
+    assert s["fit"] is not None and all(math.isfinite(v) for v in s["fit"].values())
+    d = b["data_prep"]
+    assert _positive(d["cold_s"]) and _positive(d["warm_s"]) and d["corpus"]["train_tokens"] > 0
+
+
+def test_markdown_table_has_a_row_per_benchmark(tiny_results):
+    out, _, stdout = tiny_results
+    table = (out / "results.md").read_text()
+    rows = [line for line in table.splitlines() if line.startswith("| ")]
+    for name in BENCHMARKS:
+        assert any(row.startswith(f"| {name}") for row in rows), name
+    assert "PASS" in table or "MISS" in table
+    assert table.strip() in stdout  # the final table is printed too
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="gpu_mfu would run for real here")
+def test_only_replaces_its_own_entry_and_keeps_the_rest(tiny_results):
+    from bench.__main__ import main
+
+    out, before, _ = tiny_results
+    time.sleep(1)  # a later timestamp
+    assert main(["--tiny", "--only", "gpu_mfu", "--out", str(out)]) == 0
+    after = json.loads((out / "results.json").read_text())
+    assert after["benchmarks"]["gpu_mfu"]["skipped"] and after["settings"]["selected"] == ["gpu_mfu"]
+    for name in BENCHMARKS:
+        if name != "gpu_mfu":
+            assert after["benchmarks"][name] == before["benchmarks"][name], name
+
+
+def test_overhead_fit_recovers_a_line():
+    fit = _fit([4, 8, 16, 8], [10 + 2.5 * n for n in (4, 8, 16, 8)])
+    assert fit["fixed_s"] == pytest.approx(10) and fit["per_trial_s"] == pytest.approx(2.5)
+    assert _fit([8, 8], [1.0, 2.0]) is None
+
+
+def test_timed_calls_accumulates_and_restores():
+    class Box:
+        def work(self, x):
+            time.sleep(0.01)
+            return x * 2
+
+    original = Box.work
+    with timed_calls({"work": (Box, "work"), "gone": (Box, "missing")}) as spent:
+        assert Box().work(3) == 6 and Box().work(1) == 2
+    assert Box.work is original and "gone" not in spent
+    assert 0.02 <= spent["work"] < 1.0
+    assert rotate([1, 2, 3], 1) == [2, 3, 1] and rotate([1, 2, 3], 3) == [1, 2, 3]
