@@ -50,7 +50,7 @@ FULL = Settings(
     trial_overrides=(),
     repeats=3,
     threads=1,
-    sweep_overrides=("train.max_steps=6", "train.eval_every=3", "train.probe_every=3", "train.ckpt_every=3",
+    sweep_overrides=("train.max_steps=4", "train.eval_every=2", "train.probe_every=2", "train.ckpt_every=2",
                      "train.eval_tokens=2048", "train.per_token_eval_tokens=2048"),
     sweep_sizes=(4, 8, 16),
     sweep_headline=8,

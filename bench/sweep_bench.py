@@ -9,7 +9,8 @@ The ideal: each trial's bare time summed and divided by C. The bare per-trial ti
 counted twice) in a plain pool of C warm worker processes, 1 torch thread each (what
 ray.cpus_per_trial=1 gives a trial): the trials meet the same core contention as in the sweep,
 but no Ray, Hydra, Optuna, W&B or process start-up. The pool's own wall time is reported too.
-Sweep and pool alternate (ABAB) at each size.
+Sweep and pool alternate (ABAB) at each size; the extra W&B-disabled sweep is compared with the
+latest pool run of the same trials.
 
 Where a sweep's time goes is read back from its trial folders: placement.json is written when
 the Ray worker starts the trial, trial.json when run_trial starts (after W&B's init), result.json
@@ -208,7 +209,7 @@ def run(settings, context: dict | None = None) -> dict:
         plan.append((settings.sweep_headline, "disabled"))
     t = base.train
     progress(name, f"{base.preset} trials of {t.total_steps} steps x {t.tokens_per_step} tokens, concurrency "
-                   f"{settings.concurrency}, sizes {list(settings.sweep_sizes)}; {len(plan)} sweeps, each paired with a pool run")
+                   f"{settings.concurrency}, sizes {list(settings.sweep_sizes)}; {len(plan)} sweeps, alternating with pool runs")
     points = []
     ctx = multiprocessing.get_context("spawn")
     with cf.ProcessPoolExecutor(max_workers=settings.concurrency, mp_context=ctx) as pool:
@@ -218,6 +219,10 @@ def run(settings, context: dict | None = None) -> dict:
         for i, (n, mode) in enumerate(plan):
             order = ["sweep", "pool"] if i % 2 == 0 else ["pool", "sweep"]
             point = {"trials": n, "wandb": mode}
+            if mode == "disabled":  # compared with the latest pool run of the same trials
+                order = ["sweep"]
+                prev = [p for p in points if p["trials"] == n][-1]
+                point.update({k: prev[k] for k in ("ideal_s", "pool_wall_s", "trial_s")})
             for side in order:
                 point.update(sweep_run(n, settings, mode, cache) if side == "sweep"
                              else pool_run(pool, trials[n], settings.concurrency))
