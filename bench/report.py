@@ -51,16 +51,21 @@ def rows(benchmarks: dict[str, dict]) -> list[list[str]]:
             out.append([name, _f(e["ratio"]), _target(e["target"]), _verdict(e),
                         f"bare loop {b['tokens_per_s']:,.0f} tok/s", f"run_trial {m['tokens_per_s']:,.0f} tok/s",
                         str(e["repeats"]),
+                        f"range {_f(min(e['paired_ratios']), '.2f')}-{_f(max(e['paired_ratios']), '.2f')}; "
                         f"step time only {_f(e['ratio_steps'])}; end to end {_f(e['ratio_end_to_end'])} "
-                        f"(validation {e['eval_share']:.0%} of the trial's wall time)", where])
+                        f"(validation {e['eval_share']:.0%} of the trial's wall time); in-run share of "
+                        f"non-validation time in optimizer steps {_f(e['ratio_direct'])}", where])
         elif name == "probe_overhead":
             out.append([name, _f(e["ratio"]), _target(e["target"]), _verdict(e),
-                        f"no probes {b['training_s']:.1f} s", f"probes {m['training_s']:.1f} s", str(e["repeats"]),
-                        f"timed inside the run: {_f(e['ratio_direct'])} ({m['probe_s']:.2f} s in run_probes)", where])
+                        f"less probes {b['training_s']:.1f} s", f"with probes {m['training_s']:.1f} s", str(e["repeats"]),
+                        f"{m['probe_s']:.2f} s in run_probes, timed inside the run; separate runs with "
+                        f"train.probe_every=0 give {_f(e['ratio_paired_runs'])} (range {_f(min(e['paired_ratios']), '.2f')}"
+                        f"-{_f(max(e['paired_ratios']), '.2f')}: load noise)", where])
         elif name == "sweep_overhead":
             fit = e.get("fit") or {}
             note = (f"first trial runs after {m['to_first_trial_s']:.1f} s; per trial: worker dispatch "
-                    f"{_f(m['worker_dispatch_s'], '.1f')} s, W&B init {_f(m['trial_setup_s'], '.1f')} s; "
+                    f"{_f(m['worker_dispatch_s'], '.1f')} s, W&B init {_f(m['trial_setup_s'], '.1f')} s, "
+                    f"run_trial {m['run_trial_s']:.1f} s in a fresh worker vs {b['trial_s']:.1f} s warm; "
                     f"driver peak {e['driver_peak_rss_mb']:.0f} MB (all Ray processes {e['tree_peak_rss_mb']:.0f} MB)")
             if fit:
                 note += f"; fit: {fit['fixed_s']:.1f} s once + {fit['per_trial_s']:.2f} s per trial"

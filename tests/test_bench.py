@@ -62,7 +62,9 @@ def test_ratios_are_positive_and_finite(tiny_results):
     t = b["trainer_vs_bare"]
     assert _positive(t["ratio_steps"]) and _positive(t["ratio_end_to_end"]) and 0 <= t["eval_share"] < 1
     assert _positive(t["baseline"]["tokens_per_s"]) and _positive(t["measured"]["tokens_per_s"])
-    assert _positive(b["probe_overhead"]["ratio_direct"]) and b["probe_overhead"]["measured"]["probe_s"] > 0
+    assert _positive(t["ratio_direct"]) and t["ratio_direct"] <= 1
+    p = b["probe_overhead"]
+    assert _positive(p["ratio_paired_runs"]) and p["measured"]["probe_s"] > 0 and p["ratio"] >= 1
     s = b["sweep_overhead"]
     assert [p["trials"] for p in s["series"]] == list(TINY.sweep_sizes)
     assert all(_positive(p["ratio"]) and p["wall_s"] > p["ideal_s"] > 0 for p in s["series"])
