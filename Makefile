@@ -18,10 +18,10 @@ ARGS ?=
 # The main job: the paper's two knobs on the CPU default model (8 trials, a few minutes).
 SWEEP_GRID ?= init.gamma=0.5,0.75,1.0,1.25 norm.eps=1e-5,1e-12
 
-.PHONY: help install sweep run test test-full report bench lint dashboard clean
+.PHONY: help install sweep run test test-full report experiments bench lint dashboard clean
 
 help: ## Show this help
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
 
 install: $(STAMP) ## Create ./.venv with torch ($(TORCH_SPEC)) and smallinit
 
@@ -46,6 +46,16 @@ test-full: install ## Run every test, slow ones included
 
 report: install ## Build the HTML report of the newest sweep (or SWEEP=dir[,dir...])
 	$(PY) -m experiments.report $(if $(SWEEP),--sweep $(SWEEP),) $(ARGS)
+
+# The CPU forms of the paper's studies (conf/experiment/); a rerun skips finished trials.
+EXPERIMENTS ?= gamma_scan eps_fix gate scaling moe anchor
+
+experiments: install ## Run every CPU experiment, report each, rewrite docs/results.md (~1 h on 2 cores)
+	set -e; for e in $(EXPERIMENTS); do \
+	  $(PY) sweep.py -m +experiment=$$e $(ARGS); \
+	  $(PY) -m experiments.report --sweep sweeps/$$e; \
+	done
+	$(PY) -m experiments.results_doc --collect
 
 bench: install ## Run the benchmarks, write bench/results.json and bench/results.md
 	$(PY) -m bench $(ARGS)

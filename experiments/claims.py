@@ -222,6 +222,30 @@ def effective_size_claim(es, recipe: str | None) -> Claim:
     return c
 
 
+def recipe_claim(sweep: Sweep, base_variant: str | None, recipe: str | None, metric: str) -> Claim:
+    """The recipe against the baseline at each size where both ran, paired by seed."""
+    c = Claim("The small-init recipe lowers loss at every size, dense and MoE",
+              "γ = 1 with eps = 1e-12 and the gate reaches a lower loss than γ = 0.5 with eps = 1e-5 at every size "
+              "(the source of the effective-size gain), for dense and MoE models", "not enough data", "")
+    df = sweep.complete
+    if base_variant is None or recipe is None:
+        c.reason = "needs the baseline γ = 0.5 and a γ ≈ 1 variant in one sweep (e.g. arm=baseline,small)"
+        return c
+    comps = []
+    for size in df.sort_values("n_params")["size"].unique():
+        a = df[(df["size"] == size) & (df["variant"] == recipe)]
+        b = df[(df["size"] == size) & (df["variant"] == base_variant)]
+        if a.empty or b.empty:
+            continue
+        comp = compare(a, b, metric)
+        comps.append(comp)
+        _record(c, f"{size}: {recipe} vs {base_variant}", comp)
+    c.verdict, c.reason = verdict(comps, A_LOWER)
+    if not comps:
+        c.reason = f"{recipe} and {base_variant} never ran at the same size"
+    return c
+
+
 def residual_claim(slopes: pd.DataFrame) -> Claim:
     c = Claim("The update-to-stream ratio scales as d^(1−γ): width-independent only at γ = 1",
               "the residual update scales like d^(1−γ) relative to the identity path", "not enough data", "")

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from . import anchor as anchor_mod
 from . import claims as claims_mod
 from . import figures as F
 from .importance import importances
@@ -75,6 +76,14 @@ def best_gamma_table(df: pd.DataFrame, metric: str) -> pd.DataFrame:
             row.update(runner_up=second, margin=c.as_dict(), margin_text=c.text())
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def cell_table(df: pd.DataFrame, metric: str) -> pd.DataFrame:
+    """Per (size, setting, gamma): the metric's seed count, mean, standard deviation and range."""
+    g = df.groupby(["size", "setting", "gamma"], sort=False)[metric]
+    out = g.agg(seeds="count", mean="mean", sd="std", min="min", max="max").reset_index()
+    order = df.drop_duplicates("size").set_index("size")["n_params"]
+    return out.assign(_n=out["size"].map(order)).sort_values(["_n", "setting", "gamma"]).drop(columns="_n")
 
 
 def scale_table(sweep: Sweep) -> tuple[pd.DataFrame, dict]:
@@ -177,15 +186,20 @@ def build(dirs: list[Path], out_root: Path = Path("reports"), baseline_gamma: fl
             imps[d.name] = values
 
     # --- claims --------------------------------------------------------------------------------
-    claims = [
-        claims_mod.best_gamma_claim(sweep, best, metric),
-        claims_mod.eps_claim(sweep, metric, sat_init),
-        claims_mod.gate_claim(sweep, metric),
-        claims_mod.token_claim(token_results, token_why),
-        claims_mod.condensation_claim(traj),
-        claims_mod.effective_size_claim(es, recipe),
-        claims_mod.residual_claim(slopes),
-    ]
+    anchor = anchor_mod.has_anchor(df)
+    if anchor:  # the anchor task's loss is not a language-modelling loss: only its own claim applies
+        claims = [anchor_mod.anchor_claim(df), claims_mod.residual_claim(slopes)]
+    else:
+        claims = [
+            claims_mod.best_gamma_claim(sweep, best, metric),
+            claims_mod.eps_claim(sweep, metric, sat_init),
+            claims_mod.gate_claim(sweep, metric),
+            claims_mod.recipe_claim(sweep, base_variant, recipe, metric),
+            claims_mod.token_claim(token_results, token_why),
+            claims_mod.condensation_claim(traj),
+            claims_mod.effective_size_claim(es, recipe),
+            claims_mod.residual_claim(slopes),
+        ]
 
     # === the page ==============================================================================
     add(Block("h1", f"smallinit report: {sweep.name}"))
@@ -230,6 +244,17 @@ def build(dirs: list[Path], out_root: Path = Path("reports"), baseline_gamma: fl
               "interval; with one seed it has no interval and names no winner."))
     if not curves.empty and curves["val_loss"].notna().any():
         add(Block("figure", figs.save(F.loss_curves(curves), "loss_curves", "Validation loss over training, mean over seeds.")))
+
+    phase = anchor_mod.phase_table(df) if anchor else None
+    if anchor:
+        add(Block("h2", "Anchor functions: infer or memorise"))
+        add(Block("p", "The unseen anchor pair (4, 3) is answered inferentially (key − 10, composing the two shifts) or "
+                       "symmetrically (key − 6, the label of the seen pair (3, 4)); 'seen pairs' is the accuracy on "
+                       "held-out sequences of the trained pairs. Cells are seed means."))
+        add(Block("figure", figs.save(anchor_mod.figure(phase), "anchor_phase",
+                                      "Accuracy against γ (x) and depth (y): seen pairs, inferential and symmetric answers.")))
+        add(Block("table", phase.assign(**{k: phase[k].map(lambda x: f"{x:.2f}") for k in anchor_mod.ACCURACIES}),
+                  "Phase diagram: accuracies per (γ, depth), seed means."))
 
     add(Block("h2", "Effective model size"))
     add(Block("p", "Fit L(N) = E + A·N^-α to the baseline variant over the sizes present; a variant with loss L at "
@@ -362,6 +387,7 @@ def build(dirs: list[Path], out_root: Path = Path("reports"), baseline_gamma: fl
         sweep=sweep.name, dirs=[str(d) for d in sweep.dirs], metric=metric, generated=time.time(),
         scale=dict(**scale_info, table=scale.to_dict("records")),
         best_gamma=best.drop(columns=["margin_text"]).to_dict("records"),
+        cells=cell_table(df, metric).to_dict("records"),
         effective_size=dict(
             status=es.status, baseline_gamma=es.baseline_gamma, baseline_setting=es.baseline_setting,
             fit=None if es.fit is None else dict(E=es.fit.E, A=es.fit.A, alpha=es.fit.alpha, sse=es.fit.sse),
@@ -375,6 +401,7 @@ def build(dirs: list[Path], out_root: Path = Path("reports"), baseline_gamma: fl
                           hard_minus_easy=t.hard_minus_easy.as_dict()) for t in token_results]),
         residual_balance=dict(slopes=slopes.to_dict("records"), data=rb.to_dict("records")),
         importances=dict(values=imps, notes=imp_notes),
+        anchor=None if phase is None else phase.to_dict("records"),
         claims=[c.as_dict() for c in claims],
         figures=figs.as_dicts(),
         build_s=time.time() - t0,

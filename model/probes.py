@@ -30,11 +30,15 @@ def first_token_mass(att: torch.Tensor) -> torch.Tensor:
 
 def stable_rank(w: torch.Tensor) -> float:
     """||W||_F^2 / ||W||_2^2, in [1, min(shape)]; 1 for a rank-1 matrix."""
-    w = w.detach().float()
-    spectral = torch.linalg.matrix_norm(w, ord=2)
-    if spectral == 0:
+    # The top eigenvalue of the smaller Gram matrix is ||W||_2^2 and its trace ||W||_F^2: one
+    # symmetric eigensolve is several times cheaper than the SVD behind matrix_norm(ord=2)
+    # (the SVD was 72% of probe time). float64 because forming the Gram squares the spread.
+    w = w.detach().double()
+    gram = w @ w.T if w.shape[0] <= w.shape[1] else w.T @ w
+    top = torch.linalg.eigvalsh(gram)[-1]
+    if top <= 0:
         return 0.0
-    return float(w.pow(2).sum() / spectral.pow(2))
+    return float(torch.trace(gram) / top)
 
 
 def row_cosine_matrix(w: torch.Tensor, max_rows: int = 64) -> torch.Tensor:

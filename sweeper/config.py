@@ -5,6 +5,7 @@
     hydra.sweeper.storage=null           null = sqlite:///<sweep dir>/optuna.db; any SQLAlchemy URL
     hydra.sweeper.max_concurrent=null    null = as many as the Ray cluster's CPUs allow
     hydra.sweeper.asha.enabled=true      ASHA early stopping on validation loss
+    hydra.sweeper.reuse_workers=true     run trials back to back in the same Ray worker
 Ray and W&B settings are top-level keys (ray.*, wandb.*) in conf/config.yaml.
 """
 
@@ -39,6 +40,9 @@ class SmallinitSweeperConf:
     max_retries: int = 2
     # Rerun trials recorded as failed (they are skipped by default: failures are deterministic).
     retry_failed: bool = False
+    # Run the next trial in a finished trial's Ray worker instead of starting a new process:
+    # saves the ~5 s process start and torch import per trial (bench/results.md).
+    reuse_workers: bool = True
     asha: AshaConf = field(default_factory=AshaConf)
 
 

@@ -38,6 +38,9 @@ class Composer:
 
     def __init__(self, loader, base: DictConfig, space: SweepSpace, sweep_dir: Path):
         self.loader, self.base, self.space, self.sweep_dir = loader, base, space, sweep_dir
+        # Validation composes every grid point before launch; planning asks again to write
+        # its folder. Hydra composition is ~0.2 s a trial, so each point is composed once.
+        self._built: dict[str, tuple[TrialSpec, DictConfig]] = {}
 
     def compose(self, params: dict[str, Any]) -> tuple[list[str], DictConfig]:
         overrides = self.space.overrides_for(params)
@@ -48,6 +51,20 @@ class Composer:
         return overrides, cfg
 
     def spec(self, params: dict[str, Any], write: bool = False) -> TrialSpec:
+        key = json.dumps(params, sort_keys=True, default=str)
+        if key not in self._built:
+            self._built[key] = self._build(params)
+        spec, job_cfg = self._built[key]
+        if write:  # Hydra's job-folder convention: the composed config and the overrides
+            out = Path(spec.out_dir)
+            (out / ".hydra").mkdir(parents=True, exist_ok=True)
+            OmegaConf.save(job_cfg, out / ".hydra" / "config.yaml")
+            OmegaConf.save(OmegaConf.create(spec.overrides), out / ".hydra" / "overrides.yaml")
+            atomic_write_json(out / "sweep.json", {"params": spec.params, "overrides": spec.overrides,
+                                                   "identity": spec.identity})
+        return spec
+
+    def _build(self, params: dict[str, Any]) -> tuple[TrialSpec, DictConfig]:
         overrides, cfg = self.compose(params)
         HydraConfig.instance().set_config(cfg)  # lets ${hydra:...} resolve on the driver
         with open_dict(cfg):
@@ -66,13 +83,7 @@ class Composer:
             params=dict(params), overrides=overrides, sweep_name=str(container.get("name", "sweep")),
             wandb=dict(wandb_cfg), threads=int(ray_cfg.get("cpus_per_trial") or 1),
         )
-        if write:  # Hydra's job-folder convention: the composed config and the overrides
-            out = Path(spec.out_dir)
-            (out / ".hydra").mkdir(parents=True, exist_ok=True)
-            OmegaConf.save(job_cfg, out / ".hydra" / "config.yaml")
-            OmegaConf.save(OmegaConf.create(overrides), out / ".hydra" / "overrides.yaml")
-            atomic_write_json(out / "sweep.json", {"params": spec.params, "overrides": overrides, "identity": spec.identity})
-        return spec
+        return spec, job_cfg
 
 
 def _first_line(e: BaseException) -> str:
@@ -278,6 +289,7 @@ def _tune(conf, ray_cfg, space, study, pending, n_new, composer, sweep_dir, tota
         tune.with_resources(run_spec, resources),
         tune_config=tune.TuneConfig(metric=METRIC, mode="min", search_alg=searcher, scheduler=scheduler,
                                     num_samples=len(pending) + n_new, max_concurrent_trials=conf.max_concurrent,
+                                    reuse_actors=conf.reuse_workers,
                                     trial_name_creator=_trial_name, trial_dirname_creator=_trial_name),
         run_config=tune.RunConfig(name="tune", storage_path=str(sweep_dir / "ray"), callbacks=[progress], verbose=0,
                                   stop=AbortStopper(), failure_config=tune.FailureConfig(max_failures=conf.max_retries)),

@@ -18,13 +18,13 @@ EXPECTED = {
     "gate": (18, {"micro"}),
     "scaling": (12, {"nano", "micro", "mini"}),
     "moe": (6, {"micro-moe"}),
-    "anchor": (12, {"nano"}),
+    "anchor": (24, {"nano"}),
     "gpu/gamma_scan": (10, {"0.1b"}),
     "gpu/eps_fix": (4, {"0.5b"}),
     "gpu/gate": (6, {"0.1b"}),
     "gpu/scaling": (8, {"0.1b", "0.25b", "0.5b", "1b"}),
     "gpu/moe": (2, {"moe-0.5b"}),
-    "gpu/anchor": (32, {"nano"}),
+    "gpu/anchor": (64, {"nano"}),
 }
 
 

@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from experiments import anchor as anchor_mod
 from experiments import claims as claims_mod
 from experiments.figures import LabelError, check_labels
 from experiments.load import ReportError, load, resolve_dirs
@@ -102,7 +103,7 @@ def claim(summary: dict, words: str) -> dict:
 
 
 def test_claims_table_has_every_claim_with_a_verdict_and_numbers(summary):
-    assert len(summary["claims"]) == 7
+    assert len(summary["claims"]) == 8
     for c in summary["claims"]:
         assert c["verdict"] in claims_mod.VERDICTS, c
         assert c["reason"]
@@ -374,3 +375,53 @@ def test_label_check_refuses_a_figure_without_units():
     ax.set_xlabel("gamma [unitless]")
     assert check_labels(fig)[0]["xlabel"] == "gamma [unitless]"
     plt.close(fig)
+
+
+def synthetic_anchor_sweep(root: Path, small_infers: bool, seeds=2, depths=(2, 3, 4)) -> Path:
+    """Anchor-task rows where gamma=1 answers the unseen pair inferentially (or not), with noise."""
+    rng = np.random.default_rng(2)
+    rows = []
+    for depth in depths:
+        for s in range(seeds):
+            for gamma in (0.5, 1.0):
+                inferential = 0.9 if (gamma == 1.0) == small_infers else 0.05
+                rows.append(dict(identity=f"{depth}{s}{gamma}", state="COMPLETE", model="nano", n_params=10**6,
+                                 d_model=128, n_layers=depth, gamma=gamma, init_seed=s, train_seed=s, eps=1e-12,
+                                 norm="rmsnorm", gate="none", ffn="dense", task="anchor", lr=3e-3, tokens=10_000,
+                                 final_val_loss=0.5 + rng.normal(0, 0.01), unigram_entropy=4.0,
+                                 anchor_in_dist_acc=0.98 + rng.normal(0, 0.005),
+                                 anchor_inferential_acc=inferential + rng.normal(0, 0.02),
+                                 anchor_symmetric_acc=0.9 - inferential + rng.normal(0, 0.02)))
+    d = root / ("anchor_yes" if small_infers else "anchor_no")
+    d.mkdir(parents=True)
+    pd.DataFrame(rows).to_parquet(d / "results.parquet")
+    return d
+
+
+@pytest.mark.parametrize("small_infers,expected", [(True, "supported"), (False, "not supported")])
+def test_anchor_claim_reads_the_phase_diagram(tmp_path, small_infers, expected):
+    sweep = load([synthetic_anchor_sweep(tmp_path, small_infers)])
+    c = anchor_mod.anchor_claim(sweep.complete)
+    assert c.verdict == expected, c.reason
+    assert [n["n"] for n in c.numbers] == [6, 6]  # paired by (depth, seed): 3 depths x 2 seeds
+    table = anchor_mod.phase_table(sweep.complete)
+    assert len(table) == 6 and set(table["seeds"]) == {2}
+
+
+def test_anchor_report_has_the_phase_diagram_and_only_anchor_claims(tmp_path):
+    out = build([synthetic_anchor_sweep(tmp_path, True)], tmp_path / "reports", widths=(64, 128), n_boot=20,
+                log=lambda _: None)
+    s = json.loads((out / "summary.json").read_text())
+    assert [c["claim"].split(";")[0] for c in s["claims"]][0] == "Small init infers the unseen composition"
+    assert len(s["claims"]) == 2 and len(s["anchor"]) == 6
+    assert "anchor_phase.png" in {f["file"] for f in s["figures"]}
+
+
+def test_recipe_claim_pairs_recipe_and_baseline_per_size(tmp_path):
+    sweep = load([synthetic_sweep(tmp_path, gain=0.44)])
+    df = sweep.complete
+    base = df[df["gamma"] == 0.5]["variant"].iloc[0]
+    recipe = df[df["gamma"] == 1.0]["variant"].iloc[0]
+    c = claims_mod.recipe_claim(sweep, base, recipe, "final_val_loss")
+    assert c.verdict == "supported" and len(c.numbers) == 4 and all(n["n"] == 3 for n in c.numbers)
+    assert claims_mod.recipe_claim(sweep, None, recipe, "final_val_loss").verdict == "not enough data"
