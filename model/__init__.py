@@ -1,4 +1,13 @@
-"""smallinit's model: a Llama-style decoder with the gamma init rule, gated attention and probes."""
+"""smallinit's model: a Llama-style decoder with the gamma init rule, gated attention and probes.
+
+The configs are plain Python; everything else needs torch and is imported on first use, so
+the sweep driver can compose and validate trials without paying torch's import (~3 s).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
 
 from .config import (
     PRESETS,
@@ -9,9 +18,21 @@ from .config import (
     ModelConfig,
     NormConfig,
 )
-from .init import Initializer, init_std
-from .probes import ProbeResult, run_probes
-from .transformer import Transformer
+
+_LAZY = {"Initializer": ".init", "init_std": ".init", "ProbeResult": ".probes", "run_probes": ".probes",
+         "Transformer": ".transformer"}
+
+if TYPE_CHECKING:
+    from .init import Initializer, init_std
+    from .probes import ProbeResult, run_probes
+    from .transformer import Transformer
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name], __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "PRESETS",

@@ -43,6 +43,9 @@ class SmallinitSweeperConf:
     # Run the next trial in a finished trial's Ray worker instead of starting a new process:
     # saves the ~5 s process start and torch import per trial (bench/results.md).
     reuse_workers: bool = True
+    # Tune's TensorBoard event files per trial (under <sweep>/ray/tune/). Off by default: the
+    # logger imports torch into the driver, and metrics.jsonl and W&B hold the same numbers.
+    tensorboard: bool = False
     asha: AshaConf = field(default_factory=AshaConf)
 
 

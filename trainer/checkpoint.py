@@ -7,9 +7,10 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:  # torch is imported where a checkpoint is written: the sweep driver only writes JSON
+    import torch
 
 
 def _atomic_write(path: Path, write) -> None:
@@ -32,6 +33,8 @@ def atomic_write_json(path: Path, obj: Any) -> None:
 
 
 def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
+    import torch
+
     _atomic_write(path, lambda f: torch.save(state, f))
 
 
@@ -40,6 +43,8 @@ def load_checkpoint(path: Path, identity: str, device: torch.device) -> dict[str
     path = Path(path)
     if not path.exists():
         return None
+    import torch
+
     state = torch.load(path, map_location=device, weights_only=False)
     if state.get("identity") != identity:
         raise RuntimeError(

@@ -34,12 +34,14 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from model.config import ConfigError
+
+if TYPE_CHECKING:
+    import torch
 
 from . import corpus as corpus_mod
 from .corpus import EOT, Document
@@ -369,6 +371,8 @@ class TrainBatches:
 
     def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         windows = self.tokens[self.starts(step)[:, None] + self._offsets]  # (B, T+1)
+        import torch  # here, not at the top: the sweep driver prepares data without torch
+
         t = torch.from_numpy(windows.astype(np.int64))
         return t[:, :-1].contiguous(), t[:, 1:].contiguous()  # (B, T), (B, T)
 
@@ -388,6 +392,8 @@ def val_batches(val_tokens: np.ndarray, batch_size: int, seq_len: int,
     if n_windows < 1:
         raise ValueError(f"val has {len(val_tokens)} tokens, max_tokens={max_tokens}: "
                          f"not one window of seq_len={seq_len}")
+    import torch
+
     arr = np.asarray(val_tokens[:n_windows * seq_len + 1], dtype=np.int64)
     x = torch.from_numpy(arr[:-1].reshape(n_windows, seq_len))
     y = torch.from_numpy(arr[1:].reshape(n_windows, seq_len))

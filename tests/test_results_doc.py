@@ -1,0 +1,54 @@
+"""docs/results.md is generated from the committed summaries, and its readings cite only their numbers."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from PIL import Image
+
+from experiments import results_doc
+
+DOCS = results_doc.REPO / "docs"
+
+
+def test_every_experiment_has_a_committed_summary():
+    missing = [e for e in results_doc.EXPERIMENTS if not (DOCS / "results" / e / "summary.json").exists()]
+    assert not missing, f"run `make experiments` (or python -m experiments.results_doc --collect): {missing}"
+
+
+def test_results_md_is_what_the_committed_summaries_give():
+    assert results_doc.main(["--check"]) == 0
+
+
+@pytest.mark.parametrize("experiment", results_doc.EXPERIMENTS)
+def test_readings_cite_only_numbers_from_the_summary(experiment):
+    folder = DOCS / "results" / experiment
+    reading = folder / "reading.md"
+    assert reading.exists(), f"{reading}: say what the numbers mean"
+    generated = results_doc.section(experiment, json.loads((folder / "summary.json").read_text()), None)
+    stray = results_doc.numbers_in(reading.read_text()) - results_doc.numbers_in(generated)
+    assert not stray, f"{reading} cites numbers that its generated section does not show: {sorted(stray)}"
+
+
+@pytest.mark.parametrize("experiment", results_doc.EXPERIMENTS)
+def test_the_figures_the_page_shows_are_committed_and_small(experiment):
+    text = (DOCS / "results.md").read_text()
+    for fig in results_doc.FIGURES[experiment]:
+        path = DOCS / "results" / experiment / f"{fig}.png"
+        if f"results/{experiment}/{fig}.png" in text:
+            assert path.exists() and path.stat().st_size < 250_000, path
+
+
+def test_collect_copies_the_summary_and_shrinks_figures(tmp_path):
+    src = tmp_path / "reports" / "moe"
+    src.mkdir(parents=True)
+    shutil.copyfile(DOCS / "results" / "moe" / "summary.json", src / "summary.json")
+    Image.new("RGB", (2400, 1200), "white").save(src / "loss_vs_gamma.png")
+    got = results_doc.collect(tmp_path / "reports", tmp_path / "docs")
+    assert got == ["moe"]
+    out = tmp_path / "docs" / "results" / "moe"
+    assert (out / "summary.json").read_bytes() == (src / "summary.json").read_bytes()
+    assert Image.open(out / "loss_vs_gamma.png").size == (results_doc.FIGURE_WIDTH, 450)
+    assert not (out / "loss_curves.png").exists()  # absent from the report: nothing to copy
