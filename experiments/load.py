@@ -31,9 +31,10 @@ SEED_COLS = ("init_seed", "train_seed")
 BASE_SETTING_COLS = ("eps", "gate", "norm")
 # Part of a setting only where they vary within the sweep.
 EXTRA_SETTING_COLS = ("ffn", "task", "lr", "tokens")
-# Swept keys already represented by a resolved column (or by size, gamma, seeds).
+# Swept keys already represented by a resolved column (or by size, gamma, seeds): `seed` sets
+# init.seed and train.seed together, `arm` sets gamma, eps and gate together.
 KNOWN_PARAMS = {
-    "init.gamma", "init.seed", "train.seed", "norm.eps", "norm", "norm.type", "attn", "attn.gate",
+    "init.gamma", "seed", "arm", "init.seed", "train.seed", "norm.eps", "norm", "norm.type", "attn", "attn.gate",
     "model", "model.d_model", "model.n_layers", "optim.lr", "train.max_tokens", "ffn", "ffn.type",
 }
 LOSS = "final_val_loss"

@@ -21,7 +21,7 @@ from experiments import anchor as anchor_mod
 from experiments import claims as claims_mod
 from experiments.figures import LabelError, check_labels
 from experiments.load import ReportError, load, resolve_dirs
-from experiments.report import build
+from experiments.report import best_gamma_table, build
 from experiments.report import main as report_main
 from experiments.scaling import effective_size, fit_power_law
 from experiments.screenshot import find_browser
@@ -425,3 +425,16 @@ def test_recipe_claim_pairs_recipe_and_baseline_per_size(tmp_path):
     c = claims_mod.recipe_claim(sweep, base, recipe, "final_val_loss")
     assert c.verdict == "supported" and len(c.numbers) == 4 and all(n["n"] == 3 for n in c.numbers)
     assert claims_mod.recipe_claim(sweep, None, recipe, "final_val_loss").verdict == "not enough data"
+
+
+def test_paired_seed_and_arm_overrides_are_not_settings(tmp_path):
+    """`seed=0,1,2` and `arm=baseline,small` are swept keys the resolved columns already hold:
+    trials that differ only in them belong to one arm, compared paired by seed."""
+    d = synthetic_sweep(tmp_path, gain=0.2, sizes=(1e6,), seeds=3)
+    df = pd.read_parquet(d / "results.parquet")
+    df["param.seed"] = df["init_seed"]
+    df["param.arm"] = np.where(df["gamma"] == 0.5, "baseline", "small")
+    df.to_parquet(d / "results.parquet")
+    sweep = load([d])
+    assert sweep.complete["arm"].nunique() == 1 and sweep.complete["setting"].nunique() == 1
+    assert best_gamma_table(sweep.complete, "final_val_loss")["seeds"].tolist() == [3]
