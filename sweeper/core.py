@@ -60,8 +60,10 @@ class Composer:
             (out / ".hydra").mkdir(parents=True, exist_ok=True)
             OmegaConf.save(job_cfg, out / ".hydra" / "config.yaml")
             OmegaConf.save(OmegaConf.create(spec.overrides), out / ".hydra" / "overrides.yaml")
+            # The resolved config too: a trial whose worker dies before training starts has no
+            # trial.json, and the results table still needs its row.
             atomic_write_json(out / "sweep.json", {"params": spec.params, "overrides": spec.overrides,
-                                                   "identity": spec.identity})
+                                                   "identity": spec.identity, "config": spec.trial.to_dict()})
         return spec
 
     def _build(self, params: dict[str, Any]) -> tuple[TrialSpec, DictConfig]:

@@ -29,6 +29,8 @@ def _read(path: Path) -> dict[str, Any] | None:
 def trial_row(trial_dir: Path, study_state: dict[str, Any] | None = None) -> dict[str, Any] | None:
     meta = _read(trial_dir / "trial.json")
     sweep = _read(trial_dir / "sweep.json") or {}
+    if meta is None and "config" in sweep:  # planned, but its worker never started training
+        meta = {"identity": sweep["identity"], "config": sweep["config"]}
     if meta is None:
         return None
     cfg = meta["config"]

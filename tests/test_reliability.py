@@ -135,3 +135,22 @@ def test_hundreds_of_tiny_trials_finish_with_flat_driver_memory(tmp_path, data_c
     assert early and late
     # Flat: the driver holds no per-trial state that grows (allow 25% for allocator noise).
     assert max(late) < 1.25 * max(early), (max(early) / 1024, max(late) / 1024)  # MB
+
+
+def test_a_trial_whose_worker_died_before_training_keeps_its_row(tmp_path):
+    """No trial.json (the worker never reached run_trial): the row comes from the planned
+    config in sweep.json, with the failure the study recorded."""
+    from sweeper.results import build_table
+
+    from .test_experiments import grid_trials
+
+    trial = grid_trials("moe")[1][0]
+    folder = tmp_path / "trials" / trial.identity()
+    atomic_write_json(folder / "sweep.json", {"params": {"init.gamma": 0.5}, "overrides": ["init.gamma=0.5"],
+                                              "identity": trial.identity(), "config": trial.to_dict()})
+    reason = "the Ray worker crashed and retries were exhausted"
+    df = build_table(tmp_path, {trial.identity(): {"number": 0, "state": "FAIL", "fail_reason": reason}})
+    assert len(df) == 1
+    row = df.iloc[0]
+    assert row["state"] == "FAIL" and row["fail_reason"] == reason and row["param.init.gamma"] == 0.5
+    assert row["model"] == "micro-moe" and row["gamma"] == trial.model.init.gamma

@@ -132,6 +132,7 @@ def test_max_failure_rate_stops_a_broken_sweep(tmp_path, data_cache):
     assert "above hydra.sweeper.max_failure_rate=0.5" in proc.stderr.strip().splitlines()[-1]
     df = pd.read_parquet(tmp_path / "sweeps" / "broken" / "results.parquet")
     assert 3 <= (df["state"] == "FAIL").sum() < 6  # stopped before running everything
+    assert len(df) == 6 and set(df["state"]) <= {"FAIL", "INTERRUPTED"}  # the unrun ones are listed too
 
 
 @pytest.mark.slow
