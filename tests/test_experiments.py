@@ -13,11 +13,11 @@ from .conftest import CONF
 
 # experiment -> (grid size, preset(s), what each trial must look like)
 EXPECTED = {
-    "gamma_scan": (15, {"micro"}),
-    "eps_fix": (12, {"micro"}),
-    "gate": (18, {"micro"}),
-    "scaling": (12, {"nano", "micro", "mini"}),
-    "moe": (6, {"micro-moe"}),
+    "gamma_scan": (30, {"micro"}),
+    "eps_fix": (20, {"micro"}),
+    "gate": (30, {"micro"}),
+    "scaling": (18, {"nano", "micro", "mini"}),
+    "moe": (10, {"micro-moe"}),
     "anchor": (24, {"nano"}),
     "gpu/gamma_scan": (10, {"0.1b"}),
     "gpu/eps_fix": (4, {"0.5b"}),
