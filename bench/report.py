@@ -65,10 +65,14 @@ def rows(benchmarks: dict[str, dict]) -> list[list[str]]:
             fit = e.get("fit") or {}
             note = (f"first trial runs after {m['to_first_trial_s']:.1f} s; per trial: worker dispatch "
                     f"{_f(m['worker_dispatch_s'], '.1f')} s, W&B init {_f(m['trial_setup_s'], '.1f')} s, "
-                    f"run_trial {m['run_trial_s']:.1f} s in a fresh worker vs {b['trial_s']:.1f} s warm; "
+                    f"run_trial {m['run_trial_s']:.1f} s in the sweep vs {b['trial_s']:.1f} s in the pool; "
                     f"driver peak {e['driver_peak_rss_mb']:.0f} MB (all Ray processes {e['tree_peak_rss_mb']:.0f} MB)")
+            if "worker_processes" in m:
+                note += f"; {m['worker_processes']:.0f} Ray worker processes ran the {m['trials']} trials"
             if fit:
                 note += f"; fit: {fit['fixed_s']:.1f} s once + {fit['per_trial_s']:.2f} s per trial"
+            if "marginal_ratio" in e:
+                note += f" (each added trial costs {_f(e['marginal_ratio'], '.2f')}x its ideal share)"
             if "wandb_disabled_ratio" in e:
                 note += f"; W&B disabled {_f(e['wandb_disabled_ratio'], '.2f')}"
             if "projected_make_sweep_ratio" in e:

@@ -268,6 +268,12 @@ def _assemble(points: list[dict], settings, context: dict) -> dict:
         "repeats": len(head),
         "runs": points,
     }
+    out["measured"].update(worker_processes=median(p["worker_processes"] for p in head), trials=settings.sweep_headline)
+    if fit:
+        # The cost that grows with the sweep: each extra trial's overhead against its share of
+        # the ideal (a bare trial's time / concurrency). The fixed part is paid once per command.
+        per_trial_ideal = out["baseline"]["trial_s"] / settings.concurrency
+        out["marginal_ratio"] = (per_trial_ideal + fit["per_trial_s"]) / per_trial_ideal
     disabled = [p for p in points if p["wandb"] == "disabled"]
     if disabled:
         out["wandb_disabled_ratio"] = median(p["ratio"] for p in disabled)
