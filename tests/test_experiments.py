@@ -87,3 +87,14 @@ def test_cpu_form_runs_end_to_end_at_a_reduced_budget(experiment, tmp_path, data
     assert proc.returncode == 0, proc.stderr[-3000:]
     df = pd.read_parquet(tmp_path / "sweeps" / experiment / "results.parquet")
     assert len(df) == EXPECTED[experiment][0] and set(df["state"]) == {"COMPLETE"}
+    # ... and its report builds, with the experiment's own analysis.
+    import json
+
+    from experiments.report import build
+
+    out = build([tmp_path / "sweeps" / experiment], tmp_path / "reports", widths=(64, 128), n_boot=20,
+                log=lambda _: None)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["scale"]["complete"] == len(df)
+    if experiment == "anchor":
+        assert summary["anchor"] and summary["claims"][0]["claim"].startswith("Small init infers")
