@@ -108,6 +108,23 @@ def test_divergence_stops_with_the_step(trial_config, tmp_path):
         run_trial(trial, tmp_path, log=lambda *_: None)
 
 
+def test_reading_the_loss_every_few_steps_logs_the_same_curve(trial_config, tmp_path, monkeypatch):
+    """The accelerator path (loss kept on the device, read every few steps), run on the CPU:
+    the same logged curve, and a divergence still stops the trial, naming the steps."""
+    import trainer.loop as loop
+
+    trial = trial_config("train.max_steps=12", "train.eval_every=6", "train.ckpt_every=5")
+    run_trial(trial, tmp_path / "every", log=lambda *_: None)
+    monkeypatch.setattr(loop, "_sync_every", lambda device: 4)
+    run_trial(trial, tmp_path / "fourth", log=lambda *_: None)
+    for a, b in zip(_losses(tmp_path / "every"), _losses(tmp_path / "fourth"), strict=True):
+        assert a[0] == b[0] and a[2] == b[2]
+        assert (a[1] is None and b[1] is None) or a[1] == pytest.approx(b[1], rel=1e-6)
+    bad = trial_config("optim.lr=1e12", "optim.grad_clip=null", "optim.warmup_frac=0", "train.max_steps=50")
+    with pytest.raises(TrialDiverged, match=r"diverged at (step \d+|a step in \d+-\d+ \(read every \d\))"):
+        run_trial(bad, tmp_path / "bad", log=lambda *_: None)
+
+
 def test_tiny_lm_learns_below_unigram_entropy(trial_config, tmp_path):
     trial = trial_config("train.max_tokens=40960", "train.batch_size=8", "train.seq_len=64",
                          "train.eval_every=40", "train.eval_tokens=8192", "train.probe_every=0")

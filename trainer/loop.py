@@ -29,6 +29,13 @@ from .reporting import JsonlReporter, MultiReporter, Reporter, Timer
 from .tasks import autocast_for, make_task
 
 
+# Reading the loss on the host every step makes a GPU wait for its queue to drain; on an
+# accelerator the loss (and the gradient norm) stay on the device and are read every
+# ACCEL_SYNC_EVERY steps, at every log step and before every checkpoint (so no checkpoint
+# holds weights that a NaN already reached). On the CPU reading is free: every step.
+ACCEL_SYNC_EVERY = 16
+
+
 class TrialDiverged(RuntimeError):
     """The loss became NaN or inf; the trial stops instead of burning its budget."""
 
@@ -182,7 +189,11 @@ def run_trial(trial: TrialConfig, out_dir: Path, reporter: Reporter | None = Non
     last: dict[str, float] = {}
     if start == 0:
         last = observe(0, {"tokens": 0})
+    sync_every = _sync_every(device)
     loss_sum, loss_n, interval_start = 0.0, 0, timer.elapsed
+    pending = torch.zeros((), device=device)  # losses summed on the device since the last read
+    grad_norm_t = torch.full((), float("nan"), device=device)
+    last_read = start
     try:
         for step in range(start, total):
             with timer:
@@ -196,19 +207,23 @@ def run_trial(trial: TrialConfig, out_dir: Path, reporter: Reporter | None = Non
                         logits, aux = fwd(x, return_aux=True)
                         loss = task.loss(logits, y) + trial.model.ffn.aux_loss_coef * aux
                     (loss / t.grad_accum).backward()
-                    loss_value = loss.item()
-                    if not math.isfinite(loss_value):
-                        raise TrialDiverged(f"diverged at step {step + 1}: loss={loss_value}")
-                    loss_sum, loss_n = loss_sum + loss_value, loss_n + 1
+                    pending += loss.detach().float()
+                    loss_n += 1
+                    if sync_every == 1:  # the CPU: catch a NaN before the optimizer step uses it
+                        _check_finite(pending, step + 1, step + 1)
                 if trial.optim.grad_clip:
-                    grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), trial.optim.grad_clip))
-                else:
-                    grad_norm = float("nan")
+                    grad_norm_t = torch.nn.utils.clip_grad_norm_(model.parameters(), trial.optim.grad_clip)
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
             done = step + 1
             due = done % t.eval_every == 0 or done == total or (t.probe_every and done % t.probe_every == 0)
+            ckpt_due = t.ckpt_every and done % t.ckpt_every == 0 and done < total
+            if due or ckpt_due or done % sync_every == 0:
+                loss_sum += _check_finite(pending, last_read + 1, done)
+                pending.zero_()
+                last_read = done
             if due:
+                grad_norm = float(grad_norm_t)
                 interval = timer.elapsed - interval_start
                 steps_in_interval = loss_n / t.grad_accum
                 tok_s = steps_in_interval * t.batch_size * t.seq_len * t.grad_accum / max(interval, 1e-9)
@@ -218,7 +233,7 @@ def run_trial(trial: TrialConfig, out_dir: Path, reporter: Reporter | None = Non
                     stats["perf/mfu"] = tok_s * flops_tok / peak
                 last = observe(done, stats)
                 loss_sum, loss_n, interval_start = 0.0, 0, timer.elapsed
-            if t.ckpt_every and done % t.ckpt_every == 0 and done < total:
+            if ckpt_due:
                 checkpoint(done)
         per_token = task.per_token_losses(model.eval(), device, autocast)
         if per_token:
@@ -245,6 +260,19 @@ def run_trial(trial: TrialConfig, out_dir: Path, reporter: Reporter | None = Non
     atomic_write_json(out_dir / "result.json", asdict(result))
     ckpt_path.unlink(missing_ok=True)  # after result.json: a kill in between still resumes
     return result
+
+
+def _sync_every(device: torch.device) -> int:
+    return 1 if device.type == "cpu" else ACCEL_SYNC_EVERY
+
+
+def _check_finite(pending: torch.Tensor, first: int, last: int) -> float:
+    """The summed losses of steps first..last, read to the host; raises if any was NaN or inf."""
+    value = float(pending)
+    if not math.isfinite(value):
+        where = f"step {last}" if first == last else f"a step in {first}-{last} (read every {last - first + 1})"
+        raise TrialDiverged(f"diverged at {where}: loss={value}")
+    return value
 
 
 def load_result(out_dir: Path) -> dict | None:
