@@ -28,7 +28,6 @@ from .config import TrialConfig
 from .reporting import JsonlReporter, MultiReporter, Reporter, Timer
 from .tasks import autocast_for, make_task
 
-
 # Reading the loss on the host every step makes a GPU wait for its queue to drain; on an
 # accelerator the loss (and the gradient norm) stay on the device and are read every
 # ACCEL_SYNC_EVERY steps, at every log step and before every checkpoint (so no checkpoint
