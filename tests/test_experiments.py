@@ -15,7 +15,7 @@ from .conftest import CONF
 EXPECTED = {
     "gamma_scan": (30, {"micro"}),
     "eps_fix": (20, {"micro"}),
-    "gate": (30, {"micro"}),
+    "gate": (18, {"micro"}),
     "scaling": (18, {"nano", "micro", "mini"}),
     "moe": (10, {"micro-moe"}),
     "anchor": (24, {"nano"}),
