@@ -134,7 +134,11 @@ def load(dirs: list[Path], metric: str = LOSS) -> Sweep:
     done[metric] = done[metric].astype(float)
     for col in SEED_COLS:
         done[col] = done[col].fillna(0).astype(int)
-    done["size"] = done.apply(size_label, axis=1)
+    # A size is the model's shape; options that add parameters at that shape (the elementwise
+    # gate's W_theta) do not make it another size. Its label counts the smallest variant's
+    # parameters; the effective-size fit still uses each trial's own count.
+    shape = done[list(SIZE_COLS)].astype(str).agg("/".join, axis=1)
+    done["size"] = done.assign(n_params=done.groupby(shape)["n_params"].transform("min")).apply(size_label, axis=1)
     # A key that varies only together with the size (a token budget scaled per size, say)
     # belongs to the size; one that varies within a size splits arms.
     setting_cols = list(BASE_SETTING_COLS)

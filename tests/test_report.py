@@ -438,3 +438,15 @@ def test_paired_seed_and_arm_overrides_are_not_settings(tmp_path):
     sweep = load([d])
     assert sweep.complete["arm"].nunique() == 1 and sweep.complete["setting"].nunique() == 1
     assert best_gamma_table(sweep.complete, "final_val_loss")["seeds"].tolist() == [3]
+
+
+def test_a_gate_that_adds_parameters_does_not_make_another_size(tmp_path):
+    d = synthetic_sweep(tmp_path, gain=0.2, sizes=(1e6, 3e6), seeds=2)
+    df = pd.read_parquet(d / "results.parquet")
+    gated = df["gamma"] == 1.0
+    df.loc[gated, "gate"] = "elementwise"
+    df.loc[gated, "n_params"] += 4096  # W_theta
+    df.to_parquet(d / "results.parquet")
+    sweep = load([d])
+    assert sweep.complete["size"].nunique() == 2
+    assert all(g["gate"].nunique() == 2 for _, g in sweep.complete.groupby("size"))
