@@ -8,10 +8,12 @@ skip finished trials and to reuse (not duplicate) trials a killed driver left RU
 from __future__ import annotations
 
 import math
+import time
 from pathlib import Path
 from typing import Any
 
 import optuna
+import sqlalchemy.exc
 from optuna.distributions import BaseDistribution
 from optuna.trial import FrozenTrial, TrialState
 
@@ -25,14 +27,26 @@ def default_storage_url(sweep_dir: Path) -> str:
     return f"sqlite:///{Path(sweep_dir).resolve() / 'optuna.db'}"
 
 
+SCHEMA_RACE_RETRIES = 5
+
+
 def open_storage(url: str) -> optuna.storages.BaseStorage:
     """An RDB storage for any SQLAlchemy URL; a bad URL fails here, before any trial."""
     if url.startswith("sqlite:///"):
         Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    # A generous SQLite timeout lets concurrent sweeps share one file safely.
+    kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}
     try:
-        # A generous SQLite timeout lets concurrent sweeps share one file safely.
-        kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}
-        return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
+        for attempt in range(SCHEMA_RACE_RETRIES):
+            try:
+                return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
+            except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.OperationalError) as e:
+                # Two sweeps creating the same new database at once: both write the schema
+                # (version) and one loses. The winner's schema is there now; open it again.
+                lost_race = isinstance(e, sqlalchemy.exc.IntegrityError) or "already exists" in str(e)
+                if not lost_race or attempt == SCHEMA_RACE_RETRIES - 1:
+                    raise
+                time.sleep(0.2 * (attempt + 1))
     except Exception as e:  # SQLAlchemy raises many types: all mean the same to the user
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ConfigError(

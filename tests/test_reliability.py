@@ -154,3 +154,33 @@ def test_a_trial_whose_worker_died_before_training_keeps_its_row(tmp_path):
     row = df.iloc[0]
     assert row["state"] == "FAIL" and row["fail_reason"] == reason and row["param.init.gamma"] == 0.5
     assert row["model"] == "micro-moe" and row["gamma"] == trial.model.init.gamma
+
+
+def _open_at(url: str, start: float, results) -> None:
+    from sweeper.study import open_storage
+
+    while time.time() < start:  # all openers hit the new file in the same instant
+        pass
+    try:
+        open_storage(url)
+        results.put("ok")
+    except Exception as e:  # noqa: BLE001
+        results.put(repr(e))
+
+
+def test_sweeps_creating_one_new_sqlite_storage_at_once_all_open_it(tmp_path):
+    """Without a retry, 4 openers of a fresh file lose the schema race (`table studies already
+    exists`, `UNIQUE constraint failed: alembic_version`) in most rounds."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    for round_ in range(2):
+        url = f"sqlite:///{tmp_path / f'shared{round_}.db'}"
+        results = ctx.Queue()
+        start = time.time() + 4  # after the spawned interpreters have imported optuna
+        procs = [ctx.Process(target=_open_at, args=(url, start, results)) for _ in range(4)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(60)
+        assert [results.get(timeout=5) for _ in procs] == ["ok"] * 4
