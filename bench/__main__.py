@@ -65,6 +65,10 @@ def main(argv: list[str] | None = None) -> int:
     attempt(["trainer_vs_bare", "probe_overhead"], lambda names: trainer_bench.run(settings, names))
     if "trainer_vs_bare" in benchmarks and "measured" in benchmarks["trainer_vs_bare"] and not args.tiny:
         context["default_trial_s"] = benchmarks["trainer_vs_bare"]["measured"]["wall_s"]
+    elif not args.tiny and (args.out / "results.json").exists():  # --only sweep_overhead: the last measurement
+        kept = json.loads((args.out / "results.json").read_text()).get("benchmarks", {}).get("trainer_vs_bare", {})
+        if "measured" in kept:
+            context["default_trial_s"] = kept["measured"]["wall_s"]
     attempt(["sweep_overhead"], lambda _: {"sweep_overhead": sweep_bench.run(settings, context)})
     attempt(["gpu_mfu"], lambda _: {"gpu_mfu": gpu_bench.run(settings)})
 
