@@ -151,6 +151,16 @@ def effective_size(sweep: Sweep, baseline_gamma: float = 0.5, prefer: dict[str, 
             f"model=nano, micro, mini, and pass them together: make report SWEEP=sweeps/a,sweeps/b,sweeps/c",
             baseline_gamma, setting, points=sizes)
     fit = fit_power_law(sizes["n_params"], sizes["loss"])
+    losses = sizes["loss"].to_numpy(dtype=float)
+    if not (np.all(np.diff(losses) < 0) and fit.A > 0 and fit.alpha > 0):
+        # An effective size reads a variant's loss off the baseline's L(N); where a larger
+        # baseline is not better (too few tokens for the larger models, typically) there is
+        # no such curve, and any N_eff would be an artefact of the fit.
+        trend = ", ".join(f"{r['size'].split(' ')[0]} {r['loss']:.4f}" for _, r in sizes.iterrows())
+        return EffectiveSize(
+            f"the baseline's loss does not fall with model size ({trend}), so there is no L(N) to read an "
+            "effective size from: the larger models are undertrained at this budget (raise train.max_tokens, "
+            "or use train.tokens_per_param)", baseline_gamma, setting, points=sizes)
     others = df[~baseline_mask(df, baseline_gamma, setting)]
     rows = []
     for (variant, size), g in others.groupby(["variant", "size"], sort=True):

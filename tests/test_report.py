@@ -450,3 +450,13 @@ def test_a_gate_that_adds_parameters_does_not_make_another_size(tmp_path):
     sweep = load([d])
     assert sweep.complete["size"].nunique() == 2
     assert all(g["gate"].nunique() == 2 for _, g in sweep.complete.groupby("size"))
+
+
+def test_no_effective_size_when_a_larger_baseline_is_not_better(tmp_path):
+    d = synthetic_sweep(tmp_path, gain=0.2, sizes=(1e6, 3e6, 1e7), seeds=3)
+    df = pd.read_parquet(d / "results.parquet")
+    df.loc[df["model"] == "m2", "final_val_loss"] += 1.0  # the largest model is the worst
+    df.to_parquet(d / "results.parquet")
+    es = effective_size(load([d]), baseline_gamma=0.5, n_boot=20)
+    assert es.status != "fit" and "does not fall with model size" in es.status and es.gains is None
+    assert claims_mod.effective_size_claim(es, None).verdict == "not enough data"
