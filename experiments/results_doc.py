@@ -27,7 +27,7 @@ FIGURES = {
     "gamma_scan": ("loss_vs_gamma", "token_gain", "condensation"),
     "eps_fix": ("loss_vs_gamma", "saturation"),
     "gate": ("loss_vs_gamma", "attention_sink"),
-    "scaling": ("effective_size", "loss_vs_gamma"),
+    "scaling": ("effective_size", "loss_curves", "token_gain"),
     "moe": ("loss_vs_gamma", "loss_curves"),
     "anchor": ("anchor_phase",),
 }
