@@ -89,7 +89,7 @@ def cell_table(df: pd.DataFrame, metric: str) -> pd.DataFrame:
 def scale_table(sweep: Sweep) -> tuple[pd.DataFrame, dict]:
     res, done = sweep.results, sweep.complete
     rows = []
-    for size, g in done.groupby("size"):
+    for size, g in sorted(done.groupby("size"), key=lambda kv: kv[1]["n_params"].min()):
         r = g.iloc[0]
         n_all = int((res["model"] == r["model"]).sum() if "model" in res else len(g))
         rows.append({
