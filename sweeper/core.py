@@ -197,13 +197,15 @@ def _run(conf: SmallinitSweeperConf, loader, base: DictConfig, arguments: list[s
     connect_ray(ray_cfg)
     # Everything is valid: from here on we write.
     study = Study(storage, conf.study_name or str(base.get("name", "sweep")), sampler)
+    # A grid rerun with more values (seeds, gammas) must fit what the study recorded.
+    grid_dists = study.grid_distributions(space.grid_distributions()) if space.mode == "grid" else None
     _prepare_data_once(checked)
     pending, n_new, skipped, total = _plan(conf, space, study, specs, composer)
     print(f"sweep {study.study.study_name}: {space.mode}, {total} trials ({skipped} already done), "
           f"folder {sweep_dir}, study {conf.storage or default_storage_url(sweep_dir)}", flush=True)
     aborted = None
     if pending or n_new:
-        aborted = _tune(conf, ray_cfg, space, study, pending, n_new, composer, sweep_dir, total, skipped)
+        aborted = _tune(conf, ray_cfg, space, study, pending, n_new, composer, sweep_dir, total, skipped, grid_dists)
     return _finish(sweep_dir, study, aborted)
 
 
@@ -256,7 +258,7 @@ def _plan(conf, space, study, specs, composer):
     return pending, n_new, len(finished), conf.n_trials
 
 
-def _tune(conf, ray_cfg, space, study, pending, n_new, composer, sweep_dir, total, skipped) -> str | None:
+def _tune(conf, ray_cfg, space, study, pending, n_new, composer, sweep_dir, total, skipped, grid_dists=None) -> str | None:
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # our ProgressTable is the display
     # A failed trial's last report has no val_loss; it is still a result we want recorded.
     os.environ.setdefault("TUNE_DISABLE_STRICT_METRIC_CHECKING", "1")
@@ -271,7 +273,8 @@ def _tune(conf, ray_cfg, space, study, pending, n_new, composer, sweep_dir, tota
     from .searcher import StudySearcher
     from .trainable import METRIC, run_spec
 
-    searcher = StudySearcher(study, space, pending, n_new, lambda p: composer.spec(p, write=True), conf.max_failure_rate)
+    searcher = StudySearcher(study, space, pending, n_new, lambda p: composer.spec(p, write=True), conf.max_failure_rate,
+                             grid_dists)
     steps = [p.spec.trial.train.total_steps for p in pending] or [composer.spec(_corner_params(space)[0]).trial.train.total_steps]
     if conf.asha.enabled:
         max_t = max(steps)

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from optuna.distributions import BaseDistribution
 from optuna.trial import FrozenTrial, TrialState
 from ray.tune.search import Searcher
 
@@ -35,9 +36,12 @@ class Pending:
 
 class StudySearcher(Searcher):
     def __init__(self, study: Study, space: SweepSpace, pending: list[Pending], n_new: int,
-                 build_spec: Callable[[dict[str, Any]], TrialSpec], max_failure_rate: float):
+                 build_spec: Callable[[dict[str, Any]], TrialSpec], max_failure_rate: float,
+                 grid_distributions: dict[str, BaseDistribution] | None = None):
         super().__init__(metric=METRIC, mode="min")
         self.study, self.space, self.queue, self.n_new = study, space, list(pending), n_new
+        # How fixed points (grid points, reruns) are recorded; a search records its own space.
+        self.fixed_distributions = grid_distributions or space.distributions()
         self.build_spec, self.max_failure_rate = build_spec, max_failure_rate
         self.live: dict[str, tuple[FrozenTrial, TrialSpec]] = {}
         self.counts = {"complete": 0, "pruned": 0, "failed": 0}
@@ -52,7 +56,7 @@ class StudySearcher(Searcher):
         if self.queue:
             item = self.queue.pop(0)
             spec = item.spec
-            trial = item.existing or self.study.create_running(spec.params, self.space.distributions())
+            trial = item.existing or self.study.create_running(spec.params, self.fixed_distributions)
         elif self.n_new > 0:
             self.n_new -= 1
             trial = self.study.ask(self.space.distributions())

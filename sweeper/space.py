@@ -63,6 +63,12 @@ class SweepSpace:
         cats = {k: CategoricalDistribution(list(c.values)) for k, c in self.discrete.items()}
         return {**cats, **self.intervals}
 
+    def grid_distributions(self) -> dict[str, BaseDistribution]:
+        """How a grid's points are recorded in the study. Nothing samples them, so numbers are
+        recorded as ranges: Optuna lets a range change between trials but not a categorical's
+        choices, and a grid that grows later (more seeds, one more gamma) must still fit."""
+        return {k: _recorded_range(c.values) for k, c in self.discrete.items()}
+
     def override_string(self, key: str, value: Any) -> str:
         """The Hydra override that sets key to one of its swept values."""
         if key in self.discrete:
@@ -72,6 +78,15 @@ class SweepSpace:
 
     def overrides_for(self, params: dict[str, Any]) -> list[str]:
         return [*self.fixed, *(self.override_string(k, v) for k, v in params.items())]
+
+
+def _recorded_range(values: tuple[Any, ...]) -> BaseDistribution:
+    numbers = [v for v in values if isinstance(v, int | float) and not isinstance(v, bool)]
+    if len(numbers) < len(values):
+        return CategoricalDistribution(list(values))
+    if all(isinstance(v, int) for v in numbers):
+        return IntDistribution(min(numbers), max(numbers))
+    return FloatDistribution(float(min(numbers)), float(max(numbers)))
 
 
 def _interval(override: Override, sweep: IntervalSweep) -> BaseDistribution:

@@ -90,6 +90,35 @@ class Study:
                 out[ident] = t
         return out
 
+    def grid_distributions(self, wanted: dict[str, BaseDistribution]) -> dict[str, BaseDistribution]:
+        """The distributions to record a grid's points with, given what the study already
+        holds for each key (Optuna checks every new record against the first one). Raises
+        ConfigError, before any trial, where the two cannot be reconciled."""
+        recorded: dict[str, BaseDistribution] = {}
+        for t in self.study.get_trials(deepcopy=False):
+            for key, dist in t.distributions.items():
+                recorded.setdefault(key, dist)
+        out = {}
+        for key, dist in wanted.items():
+            old = recorded.get(key)
+            if old is None:
+                out[key] = dist
+            elif isinstance(old, optuna.distributions.CategoricalDistribution):
+                values = dist.choices if isinstance(dist, optuna.distributions.CategoricalDistribution) else None
+                if values is None or not set(values) <= set(old.choices):
+                    raise ConfigError(
+                        f"{key} is invalid for study {self.study.study_name!r}: it recorded {key} as the "
+                        f"choices {list(old.choices)}, and an Optuna study cannot widen a categorical; "
+                        f"keep to those values or use a new name=... (or hydra.sweeper.study_name=...)")
+                out[key] = old
+            elif type(old) is type(dist) and getattr(old, "log", False) == getattr(dist, "log", False):
+                out[key] = dist
+            else:
+                raise ConfigError(
+                    f"{key} is invalid for study {self.study.study_name!r}: it recorded {key} as "
+                    f"{type(old).__name__}, this grid needs {type(dist).__name__}; use a new name=...")
+        return out
+
     def create_running(self, params: dict[str, Any], distributions: dict[str, BaseDistribution]) -> FrozenTrial:
         """A RUNNING trial with fixed params (grid points, reruns). Created directly in the
         storage, not enqueued, so a concurrent sweep on the same study cannot take it."""

@@ -69,6 +69,14 @@ def test_card_command_runs_every_trial_once_and_a_rerun_trains_nothing(tmp_path,
     assert len(study_trials(sweep_dir, "card")) == 8
     assert len(wandb_runs(sweep_dir)) == 8
 
+    # A grid that grows (one more gamma) runs only the new points on the same study.
+    grown = [a if not a.startswith("init.gamma=") else a + ",1.5" for a in CARD]
+    more = sweep(tmp_path, data_cache, *grown, "wandb.mode=disabled", "name=card")
+    assert more.returncode == 0, more.stderr[-3000:]
+    assert "10 trials (8 already done)" in more.stdout
+    assert {k: v for k, v in result_mtimes(sweep_dir).items() if k in before} == before
+    assert len(study_trials(sweep_dir, "card")) == 10
+
 
 def test_killed_driver_resumes_without_duplicates_or_retraining(tmp_path, data_cache):
     # Longer trials so the driver can be killed while some are finished and others running.

@@ -101,3 +101,23 @@ def test_grid_matches_hydras_batched_sweeper_suite():
             cfg = compose("compose", overrides=overrides)
         confs.append({"foo": cfg.foo, "bar": cfg.bar})
     assert confs == [{"foo": f, "bar": b} for f in (10, 20) for b in (100, 200, 300)]
+
+
+def test_a_grid_is_recorded_so_that_it_can_grow_and_a_categorical_cannot():
+    import optuna
+
+    from sweeper.study import Study
+
+    study = Study(optuna.storages.InMemoryStorage(), "grow", optuna.samplers.RandomSampler(seed=0))
+    small = parse_sweep(["seed=0,1,2", "attn=none,headwise"])
+    dists = study.grid_distributions(small.grid_distributions())
+    assert isinstance(dists["seed"], optuna.distributions.IntDistribution)
+    for point in small.grid():
+        study.create_running(point, dists)
+    grown = parse_sweep(["seed=0,1,2,3,4,5", "attn=none"])
+    again = study.grid_distributions(grown.grid_distributions())
+    for point in grown.grid():  # Optuna accepts every new record
+        study.create_running(point, again)
+    wider = parse_sweep(["seed=0", "attn=none,elementwise"])
+    with pytest.raises(ConfigError, match=r"attn is invalid for study 'grow'.*cannot widen a categorical"):
+        study.grid_distributions(wider.grid_distributions())
