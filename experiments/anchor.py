@@ -22,9 +22,10 @@ from .stats import A_HIGHER, A_LOWER, compare, verdict
 ACCURACIES = {"in_dist": "anchor_in_dist_acc", "inferential": "anchor_inferential_acc",
               "symmetric": "anchor_symmetric_acc"}
 PAIR_COLS = ("n_layers", "init_seed", "train_seed")
-# Below this in-distribution accuracy the model has not learned the seen pairs, so its answer
-# on the unseen pair says nothing about inference against memorisation.
-LEARNED = 0.9
+# Below this in-distribution accuracy (chance is 1/100) a γ has not learned the seen pairs, so
+# its answer on the unseen pair says nothing about inference against memorisation: such a γ
+# is left out of the comparison (and named in the evidence).
+LEARNED = 0.5
 
 
 def has_anchor(df: pd.DataFrame) -> bool:
@@ -70,7 +71,8 @@ def figure(table: pd.DataFrame):
 
 
 def anchor_claim(df: pd.DataFrame) -> Claim:
-    """Largest gamma against smallest, paired by (depth, seed): more inferential, less symmetric."""
+    """The largest gamma against the smallest, of those that learned the seen pairs, paired by
+    (depth, seed): the prediction is more inferential and less symmetric answers."""
     c = Claim("Small init infers the unseen composition; large init memorises it",
               "anchor functions (Zhang et al., NeurIPS 2024): small init composes the unseen anchor pair "
               "(inferential solution), large init copies a seen pair's label (symmetric solution)",
@@ -82,23 +84,25 @@ def anchor_claim(df: pd.DataFrame) -> Claim:
     if len(gammas) < 2:
         c.reason = "one γ only"
         return c
-    lo, hi = gammas[0], gammas[-1]
+    eligible = []
     for g in gammas:
         d = df[np.isclose(df["gamma"], g)]
+        seen = d[ACCURACIES["in_dist"]].mean()
+        eligible += [g] if seen >= LEARNED else []
         c.evidence.append(f"γ={g:g}: inferential {d[ACCURACIES['inferential']].mean():.2f}, symmetric "
-                          f"{d[ACCURACIES['symmetric']].mean():.2f}, seen pairs {d[ACCURACIES['in_dist']].mean():.2f} "
-                          f"(mean of {len(d)} trials over depths and seeds)")
+                          f"{d[ACCURACIES['symmetric']].mean():.2f}, seen pairs {seen:.2f} (mean of {len(d)} trials "
+                          f"over depths and seeds)" + ("" if seen >= LEARNED else f"; left out: seen pairs < {LEARNED}"))
+    if len(eligible) < 2:
+        c.reason = (f"fewer than two γ learned the seen pairs (in-distribution accuracy ≥ {LEARNED}); "
+                    "train longer (train.max_steps)")
+        return c
+    lo, hi = eligible[0], eligible[-1]
     small, large = df[np.isclose(df["gamma"], hi)], df[np.isclose(df["gamma"], lo)]
-    learned = min(small[ACCURACIES["in_dist"]].mean(), large[ACCURACIES["in_dist"]].mean())
     inf = compare(small, large, ACCURACIES["inferential"], PAIR_COLS)
     sym = compare(small, large, ACCURACIES["symmetric"], PAIR_COLS)
     label = f"γ={hi:g} vs γ={lo:g}, paired by (depth, seed)"
     _record(c, f"{label}: inferential accuracy", inf, unit="of sequences")
     _record(c, f"{label}: symmetric accuracy", sym, unit="of sequences")
-    if learned < LEARNED:
-        c.reason = (f"the seen pairs were not learned (in-distribution accuracy {learned:.2f} < {LEARNED}); "
-                    "train longer (train.max_steps)")
-        return c
     vi, ri = verdict([inf], A_HIGHER)
     vs, rs = verdict([sym], A_LOWER)
     if vi == vs == "supported":

@@ -404,6 +404,11 @@ def test_anchor_claim_reads_the_phase_diagram(tmp_path, small_infers, expected):
     c = anchor_mod.anchor_claim(sweep.complete)
     assert c.verdict == expected, c.reason
     assert [n["n"] for n in c.numbers] == [6, 6]  # paired by (depth, seed): 3 depths x 2 seeds
+    # A γ that did not learn the seen pairs is left out, and says so.
+    unlearned = sweep.complete.assign(anchor_in_dist_acc=np.where(sweep.complete["gamma"] == 0.5, 0.02, 0.98))
+    left_out = anchor_mod.anchor_claim(unlearned)
+    assert left_out.verdict == "not enough data" and "fewer than two γ learned" in left_out.reason
+    assert any("left out" in e for e in left_out.evidence)
     table = anchor_mod.phase_table(sweep.complete)
     assert len(table) == 6 and set(table["seeds"]) == {2}
 
