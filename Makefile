@@ -50,7 +50,7 @@ report: install ## Build the HTML report of the newest sweep (or SWEEP=dir[,dir.
 # The CPU forms of the paper's studies (conf/experiment/); a rerun skips finished trials.
 EXPERIMENTS ?= gamma_scan eps_fix gate scaling moe anchor
 
-experiments: install ## Run every CPU experiment, report each, rewrite docs/results.md (~1 h on 2 cores)
+experiments: install ## Run every CPU experiment, report each, rewrite docs/results.md (~2 h on 2 cores)
 	set -e; for e in $(EXPERIMENTS); do \
 	  $(PY) sweep.py -m +experiment=$$e $(ARGS); \
 	  $(PY) -m experiments.report --sweep sweeps/$$e; \
