@@ -17,6 +17,7 @@ import pandas as pd
 
 from .claims import Claim, _record
 from .figures import GAMMA
+from .render import Block
 from .stats import A_HIGHER, A_LOWER, compare, verdict
 
 ACCURACIES = {"in_dist": "anchor_in_dist_acc", "inferential": "anchor_inferential_acc",
@@ -68,6 +69,20 @@ def figure(table: pd.DataFrame):
     fig.suptitle("Anchor functions: accuracy against γ and depth (seed means)")
     fig.tight_layout()
     return fig
+
+
+def blocks(table: pd.DataFrame, figs) -> list:
+    """The report's anchor section: what the accuracies mean, the phase diagram, its table."""
+    return [
+        Block("h2", "Anchor functions: infer or memorise"),
+        Block("p", "The unseen anchor pair (4, 3) is answered inferentially (key − 10, composing the two shifts) or "
+                   "symmetrically (key − 6, the label of the seen pair (3, 4)); 'seen pairs' is the accuracy on "
+                   "held-out sequences of the trained pairs. Cells are seed means."),
+        Block("figure", figs.save(figure(table), "anchor_phase",
+                                  "Accuracy against γ (x) and depth (y): seen pairs, inferential and symmetric answers.")),
+        Block("table", table.assign(**{k: table[k].map(lambda x: f"{x:.2f}") for k in ACCURACIES}),
+              "Phase diagram: accuracies per (γ, depth), seed means."),
+    ]
 
 
 def anchor_claim(df: pd.DataFrame) -> Claim:

@@ -247,14 +247,7 @@ def build(dirs: list[Path], out_root: Path = Path("reports"), baseline_gamma: fl
 
     phase = anchor_mod.phase_table(df) if anchor else None
     if anchor:
-        add(Block("h2", "Anchor functions: infer or memorise"))
-        add(Block("p", "The unseen anchor pair (4, 3) is answered inferentially (key − 10, composing the two shifts) or "
-                       "symmetrically (key − 6, the label of the seen pair (3, 4)); 'seen pairs' is the accuracy on "
-                       "held-out sequences of the trained pairs. Cells are seed means."))
-        add(Block("figure", figs.save(anchor_mod.figure(phase), "anchor_phase",
-                                      "Accuracy against γ (x) and depth (y): seen pairs, inferential and symmetric answers.")))
-        add(Block("table", phase.assign(**{k: phase[k].map(lambda x: f"{x:.2f}") for k in anchor_mod.ACCURACIES}),
-                  "Phase diagram: accuracies per (γ, depth), seed means."))
+        blocks += anchor_mod.blocks(phase, figs)
 
     add(Block("h2", "Effective model size"))
     add(Block("p", "Fit L(N) = E + A·N^-α to the baseline variant over the sizes present; a variant with loss L at "

@@ -17,11 +17,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from experiments import anchor as anchor_mod
 from experiments import claims as claims_mod
 from experiments.figures import LabelError, check_labels
 from experiments.load import ReportError, load, resolve_dirs
-from experiments.report import best_gamma_table, build
+from experiments.report import build
 from experiments.report import main as report_main
 from experiments.scaling import effective_size, fit_power_law
 from experiments.screenshot import find_browser
@@ -376,92 +375,3 @@ def test_label_check_refuses_a_figure_without_units():
     assert check_labels(fig)[0]["xlabel"] == "gamma [unitless]"
     plt.close(fig)
 
-
-def synthetic_anchor_sweep(root: Path, small_infers: bool, seeds=2, depths=(2, 3, 4)) -> Path:
-    """Anchor-task rows where gamma=1 answers the unseen pair inferentially (or not), with noise."""
-    rng = np.random.default_rng(2)
-    rows = []
-    for depth in depths:
-        for s in range(seeds):
-            for gamma in (0.5, 1.0):
-                inferential = 0.9 if (gamma == 1.0) == small_infers else 0.05
-                rows.append(dict(identity=f"{depth}{s}{gamma}", state="COMPLETE", model="nano", n_params=10**6,
-                                 d_model=128, n_layers=depth, gamma=gamma, init_seed=s, train_seed=s, eps=1e-12,
-                                 norm="rmsnorm", gate="none", ffn="dense", task="anchor", lr=3e-3, tokens=10_000,
-                                 final_val_loss=0.5 + rng.normal(0, 0.01), unigram_entropy=4.0,
-                                 anchor_in_dist_acc=0.98 + rng.normal(0, 0.005),
-                                 anchor_inferential_acc=inferential + rng.normal(0, 0.02),
-                                 anchor_symmetric_acc=0.9 - inferential + rng.normal(0, 0.02)))
-    d = root / ("anchor_yes" if small_infers else "anchor_no")
-    d.mkdir(parents=True)
-    pd.DataFrame(rows).to_parquet(d / "results.parquet")
-    return d
-
-
-@pytest.mark.parametrize("small_infers,expected", [(True, "supported"), (False, "not supported")])
-def test_anchor_claim_reads_the_phase_diagram(tmp_path, small_infers, expected):
-    sweep = load([synthetic_anchor_sweep(tmp_path, small_infers)])
-    c = anchor_mod.anchor_claim(sweep.complete)
-    assert c.verdict == expected, c.reason
-    assert [n["n"] for n in c.numbers] == [6, 6]  # paired by (depth, seed): 3 depths x 2 seeds
-    # A γ that did not learn the seen pairs is left out, and says so.
-    unlearned = sweep.complete.assign(anchor_in_dist_acc=np.where(sweep.complete["gamma"] == 0.5, 0.02, 0.98))
-    left_out = anchor_mod.anchor_claim(unlearned)
-    assert left_out.verdict == "not enough data" and "fewer than two γ learned" in left_out.reason
-    assert any("left out" in e for e in left_out.evidence)
-    table = anchor_mod.phase_table(sweep.complete)
-    assert len(table) == 6 and set(table["seeds"]) == {2}
-
-
-def test_anchor_report_has_the_phase_diagram_and_only_anchor_claims(tmp_path):
-    out = build([synthetic_anchor_sweep(tmp_path, True)], tmp_path / "reports", widths=(64, 128), n_boot=20,
-                log=lambda _: None)
-    s = json.loads((out / "summary.json").read_text())
-    assert [c["claim"].split(";")[0] for c in s["claims"]][0] == "Small init infers the unseen composition"
-    assert len(s["claims"]) == 2 and len(s["anchor"]) == 6
-    assert "anchor_phase.png" in {f["file"] for f in s["figures"]}
-
-
-def test_recipe_claim_pairs_recipe_and_baseline_per_size(tmp_path):
-    sweep = load([synthetic_sweep(tmp_path, gain=0.44)])
-    df = sweep.complete
-    base = df[df["gamma"] == 0.5]["variant"].iloc[0]
-    recipe = df[df["gamma"] == 1.0]["variant"].iloc[0]
-    c = claims_mod.recipe_claim(sweep, base, recipe, "final_val_loss")
-    assert c.verdict == "supported" and len(c.numbers) == 4 and all(n["n"] == 3 for n in c.numbers)
-    assert claims_mod.recipe_claim(sweep, None, recipe, "final_val_loss").verdict == "not enough data"
-
-
-def test_paired_seed_and_arm_overrides_are_not_settings(tmp_path):
-    """`seed=0,1,2` and `arm=baseline,small` are swept keys the resolved columns already hold:
-    trials that differ only in them belong to one arm, compared paired by seed."""
-    d = synthetic_sweep(tmp_path, gain=0.2, sizes=(1e6,), seeds=3)
-    df = pd.read_parquet(d / "results.parquet")
-    df["param.seed"] = df["init_seed"]
-    df["param.arm"] = np.where(df["gamma"] == 0.5, "baseline", "small")
-    df.to_parquet(d / "results.parquet")
-    sweep = load([d])
-    assert sweep.complete["arm"].nunique() == 1 and sweep.complete["setting"].nunique() == 1
-    assert best_gamma_table(sweep.complete, "final_val_loss")["seeds"].tolist() == [3]
-
-
-def test_a_gate_that_adds_parameters_does_not_make_another_size(tmp_path):
-    d = synthetic_sweep(tmp_path, gain=0.2, sizes=(1e6, 3e6), seeds=2)
-    df = pd.read_parquet(d / "results.parquet")
-    gated = df["gamma"] == 1.0
-    df.loc[gated, "gate"] = "elementwise"
-    df.loc[gated, "n_params"] += 4096  # W_theta
-    df.to_parquet(d / "results.parquet")
-    sweep = load([d])
-    assert sweep.complete["size"].nunique() == 2
-    assert all(g["gate"].nunique() == 2 for _, g in sweep.complete.groupby("size"))
-
-
-def test_no_effective_size_when_a_larger_baseline_is_not_better(tmp_path):
-    d = synthetic_sweep(tmp_path, gain=0.2, sizes=(1e6, 3e6, 1e7), seeds=3)
-    df = pd.read_parquet(d / "results.parquet")
-    df.loc[df["model"] == "m2", "final_val_loss"] += 1.0  # the largest model is the worst
-    df.to_parquet(d / "results.parquet")
-    es = effective_size(load([d]), baseline_gamma=0.5, n_boot=20)
-    assert es.status != "fit" and "does not fall with model size" in es.status and es.gains is None
-    assert claims_mod.effective_size_claim(es, None).verdict == "not enough data"
