@@ -14,7 +14,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import IntervalSweep
 from hydra.errors import HydraException, MissingConfigException, OverrideParseException
-from omegaconf.errors import ConfigAttributeError, ConfigKeyError
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
 
 from model.config import ConfigError
 
@@ -56,6 +56,10 @@ def _one_line(e: BaseException, overrides: list[str]) -> str:
         given = next((o for o in reversed(overrides) if o.split("=", 1)[0].lstrip("+~") == key), key)
         parent = key.rsplit(".", 1)[0] if "." in key else "the root config"
         return f"{given} is invalid: {parent} has no key {key.rsplit('.', 1)[-1]!r} (check the spelling)"
+    if isinstance(cause, ValidationError) and cause.full_key:  # a value of the wrong type
+        given = next((o for o in reversed(overrides) if o.split("=", 1)[0].lstrip("+~") == cause.full_key),
+                     cause.full_key)
+        return f"{given} is invalid: {str(cause).strip().splitlines()[0]}"
     text = str(e).strip()
     return text.splitlines()[0] if text else type(e).__name__
 

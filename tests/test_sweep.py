@@ -169,6 +169,7 @@ def _last_line(text: str) -> str:
 
 BAD_INPUT = [
     (["model.not_a_key=1"], "not_a_key"),
+    (["hydra.sweeper.reuse_workers=maybe"], "hydra.sweeper.reuse_workers=maybe is invalid: Value 'maybe' is not a valid bool"),
     (["init.gamma=-1"], "init.gamma=-1 is invalid: must be > 0"),
     (["init.gamma=abc"], "init.gamma='abc' is invalid: must be a finite number"),
     (["init.gamma=0.5,-1"], "init.gamma=-1 is invalid"),
