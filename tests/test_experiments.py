@@ -18,7 +18,7 @@ EXPECTED = {
     "gate": (18, {"micro"}),
     "scaling": (18, {"nano", "micro", "mini"}),
     "moe": (10, {"micro-moe"}),
-    "anchor": (24, {"nano"}),
+    "anchor": (18, {"nano"}),
     "gpu/gamma_scan": (10, {"0.1b"}),
     "gpu/eps_fix": (4, {"0.5b"}),
     "gpu/gate": (6, {"0.1b"}),
