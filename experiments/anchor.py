@@ -33,11 +33,16 @@ def has_anchor(df: pd.DataFrame) -> bool:
     return ACCURACIES["inferential"] in df and bool(df[ACCURACIES["inferential"]].notna().any())
 
 
+# Accuracy on the training sequences themselves: high here with low seen-pair accuracy is a
+# model that memorised its training set without learning the anchor functions.
+TRAIN = "anchor_train_acc"
+
+
 def phase_table(df: pd.DataFrame) -> pd.DataFrame:
-    """Seed means of the three accuracies per (gamma, depth), with the seed count."""
-    cols = list(ACCURACIES.values())
+    """Seed means of the accuracies per (gamma, depth), with the seed count."""
+    cols = ([TRAIN] if TRAIN in df else []) + list(ACCURACIES.values())
     g = df.groupby(["gamma", "n_layers"])
-    out = g[cols].mean().rename(columns={v: k for k, v in ACCURACIES.items()})
+    out = g[cols].mean().rename(columns={**{v: k for k, v in ACCURACIES.items()}, TRAIN: "train"})
     out["seeds"] = g["init_seed"].nunique()
     return out.reset_index()
 
@@ -77,10 +82,11 @@ def blocks(table: pd.DataFrame, figs) -> list:
         Block("h2", "Anchor functions: infer or memorise"),
         Block("p", "The unseen anchor pair (4, 3) is answered inferentially (key − 10, composing the two shifts) or "
                    "symmetrically (key − 6, the label of the seen pair (3, 4)); 'seen pairs' is the accuracy on "
-                   "held-out sequences of the trained pairs. Cells are seed means."),
+                   "held-out sequences of the trained pairs, 'train' on the training sequences themselves (high "
+                   "'train' with low 'seen pairs' is a memorised training set). Cells are seed means."),
         Block("figure", figs.save(figure(table), "anchor_phase",
                                   "Accuracy against γ (x) and depth (y): seen pairs, inferential and symmetric answers.")),
-        Block("table", table.assign(**{k: table[k].map(lambda x: f"{x:.2f}") for k in ACCURACIES}),
+        Block("table", table.assign(**{k: table[k].map(lambda x: f"{x:.2f}") for k in [*ACCURACIES, "train"] if k in table}),
               "Phase diagram: accuracies per (γ, depth), seed means."),
     ]
 

@@ -91,8 +91,8 @@ def section(name: str, s: dict, reading: str | None) -> str:
 
     if s.get("anchor"):
         out += ["**Phase diagram** (seed means of the accuracies at the end of training):", ""]
-        out += [_table(["γ", "depth", "seen pairs", "inferential", "symmetric", "seeds"],
-                       [[f"{r['gamma']:g}", str(int(r["n_layers"])), _fmt(r["in_dist"], ".2f"),
+        out += [_table(["γ", "depth", "training sequences", "seen pairs", "inferential", "symmetric", "seeds"],
+                       [[f"{r['gamma']:g}", str(int(r["n_layers"])), _fmt(r.get("train"), ".2f"), _fmt(r["in_dist"], ".2f"),
                          _fmt(r["inferential"], ".2f"), _fmt(r["symmetric"], ".2f"), str(r["seeds"])]
                         for r in s["anchor"]]), ""]
     else:
