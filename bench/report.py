@@ -108,8 +108,9 @@ def markdown(results: dict[str, Any]) -> str:
     lines = ["# Benchmarks", "",
              f"`python -m bench` ({results['settings']['mode']}), {results['timestamp']}. Each figure is measured "
              "against a baseline run alternately with it in the same run (medians over repeats); "
-             "see README, \"Benchmarks\".", "",
-             "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
+             "see README, \"Benchmarks\".", ""]
+    lines += _run_dates(results)
+    lines += ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
     for row in rows(results["benchmarks"]):
         lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |")
     m = results["machine"]
@@ -117,6 +118,18 @@ def markdown(results: dict[str, Any]) -> str:
                   f"CUDA {m.get('cuda') or 'none'}{', ' + m['gpu'] if m.get('gpu') else ''}; "
                   f"load average at start {m.get('loadavg_at_start')}.", ""]
     return "\n".join(lines)
+
+
+def _run_dates(results: dict[str, Any]) -> list[str]:
+    """`--only` merges rows into the last results: say which rows were measured when."""
+    measured = {n: b.get("timestamp") for n, b in results["benchmarks"].items() if "skipped" not in b}
+    if set(measured.values()) <= {results["timestamp"]}:
+        return []
+    by_date: dict[str, list[str]] = {}
+    for name, stamp in measured.items():
+        by_date.setdefault(stamp or "unknown", []).append(name)
+    return ["Rows from more than one run (`--only` keeps the others): "
+            + "; ".join(f"{', '.join(names)} measured {stamp}" for stamp, names in sorted(by_date.items())) + ".", ""]
 
 
 def write(results: dict[str, Any], out_dir: Path) -> tuple[Path, Path]:

@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -124,19 +125,18 @@ def _quiet_libraries() -> None:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
-def connect_ray(ray_cfg: dict[str, Any]) -> None:
+def connect_ray(ray_cfg: dict[str, Any]) -> bool:
+    """Connect to ray.address, or start a local Ray; False if this process already had one."""
     import ray
 
     if ray.is_initialized():
-        return
+        return False
     address = ray_cfg.get("address")
     # Trials keep the working directory they were launched from (Tune would chdir into its
     # own trial folder); set for every worker of the job, on a remote cluster too.
     os.environ["RAY_CHDIR_TO_TRIAL_DIR"] = "0"
     kwargs = {"include_dashboard": False, "logging_level": logging.WARNING, "log_to_driver": False,
               "runtime_env": {"env_vars": {"RAY_CHDIR_TO_TRIAL_DIR": "0"}}}
-    if address:
-        _check_reachable(address)
     try:
         if address:
             ray.init(address=address, **kwargs)
@@ -147,6 +147,28 @@ def connect_ray(ray_cfg: dict[str, Any]) -> None:
             f"ray.address={address!r} is invalid: could not connect ({_first_line(e)}); "
             "start one with `ray start --head`, or leave ray.address=null for a local Ray"
         ) from None
+    return True
+
+
+def _stop_ray() -> None:
+    """Shut down (or disconnect from) the Ray this sweep started, now rather than at exit:
+    Ray's exit hook first sleeps 0.5 s for log lines this driver does not forward."""
+    import ray
+
+    # ray.shutdown() stops the autoscaler monitor after the GCS, and the monitor's SIGTERM
+    # handler then waits on the dead GCS until Ray's 1 s grace period runs out (1.4 s of the
+    # shutdown's 1.5 s here). A local cluster's monitor holds no state: stop it first.
+    try:
+        from ray._private import ray_constants
+        from ray._private.worker import _global_node as node
+
+        if node is not None and node.is_head():
+            for info in node.all_processes.get(ray_constants.PROCESS_TYPE_MONITOR, []):
+                info.process.kill()
+                info.process.wait(timeout=5)
+    except Exception:  # noqa: BLE001 - Ray's internals moved: shut down the slow way
+        pass
+    ray.shutdown()
 
 
 def _check_reachable(address: str) -> None:
@@ -192,20 +214,30 @@ def _run(conf: SmallinitSweeperConf, loader, base: DictConfig, arguments: list[s
         checked = [composer.spec(p) for p in _corner_params(space)]
         specs = []
     ray_cfg = OmegaConf.to_container(base.get("ray", {}), resolve=True) or {}
+    if ray_cfg.get("address"):
+        _check_reachable(ray_cfg["address"])
     storage = open_storage(conf.storage or default_storage_url(sweep_dir))
     sampler = make_sampler(conf.sampler, conf.seed, space.distributions())
-    connect_ray(ray_cfg)
-    # Everything is valid: from here on we write.
     study = Study(storage, conf.study_name or str(base.get("name", "sweep")), sampler)
-    # A grid rerun with more values (seeds, gammas) must fit what the study recorded.
+    # A grid rerun with more values (seeds, gammas) must fit what the study recorded: checked
+    # before Ray starts, so this error, like every other, comes in the first seconds.
     grid_dists = study.grid_distributions(space.grid_distributions()) if space.mode == "grid" else None
-    _prepare_data_once(checked)
+    # Everything is valid: from here on we write.
     pending, n_new, skipped, total = _plan(conf, space, study, specs, composer)
     print(f"sweep {study.study.study_name}: {space.mode}, {total} trials ({skipped} already done), "
           f"folder {sweep_dir}, study {conf.storage or default_storage_url(sweep_dir)}", flush=True)
     aborted = None
-    if pending or n_new:
-        aborted = _tune(conf, ray_cfg, space, study, pending, n_new, composer, sweep_dir, total, skipped, grid_dists)
+    if pending or n_new:  # a rerun of a finished sweep needs no cluster and no data
+        # Ray's start (~4 s, mostly waiting for its processes) overlaps the rest of the driver's
+        # work: the corpus check (minutes when the cache is cold) and Tune's imports (~1 s).
+        ready = _Background(lambda: (_prepare_data_once(checked), _import_tune()))
+        started = connect_ray(ray_cfg)
+        try:
+            ready.result()
+            aborted = _tune(conf, ray_cfg, space, study, pending, n_new, composer, sweep_dir, total, skipped, grid_dists)
+        finally:
+            if started:
+                _stop_ray()
     return _finish(sweep_dir, study, aborted)
 
 
@@ -231,11 +263,38 @@ def _prepare_data_once(specs: list[TrialSpec]) -> None:
             prepare(DataConfig(**{k: v for k, v in data.items() if k != "task"}))
 
 
+class _Background(threading.Thread):
+    """Run a function beside the main thread; result() re-raises its error there. (Ray itself
+    must start on the main thread: its processes die with the thread that spawned them.)"""
+
+    def __init__(self, fn):
+        super().__init__(daemon=True)
+        self.fn, self.error = fn, None
+        self.start()
+
+    def run(self) -> None:
+        try:
+            self.fn()
+        except BaseException as e:  # noqa: BLE001 - handed to the main thread
+            self.error = e
+
+    def result(self) -> None:
+        self.join()
+        if self.error is not None:
+            raise self.error
+
+
+def _import_tune() -> None:
+    import ray.tune.logger  # noqa: F401
+    import ray.tune.schedulers  # noqa: F401
+
+    from . import progress, searcher  # noqa: F401
+
+
 def _plan(conf, space, study, specs, composer):
     from optuna.trial import TrialState
 
-    from .searcher import Pending
-    from .study import FINISHED
+    from .study import FINISHED, Pending
 
     known = study.by_identity()
     if space.mode == "grid":

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from optuna.distributions import BaseDistribution
@@ -19,19 +18,10 @@ from ray.tune.search import Searcher
 from model.config import ConfigError
 
 from .space import SweepSpace
-from .study import Study
+from .study import Pending, Study
 from .trainable import METRIC, TrialSpec
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Pending:
-    """A trial to run with known params; `existing` is the study trial a killed driver left
-    RUNNING, reused so the study holds each trial once."""
-
-    spec: TrialSpec
-    existing: FrozenTrial | None = None
 
 
 class StudySearcher(Searcher):

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import optuna
 import sqlalchemy.exc
@@ -18,6 +19,9 @@ from optuna.distributions import BaseDistribution
 from optuna.trial import FrozenTrial, TrialState
 
 from model.config import ConfigError
+
+if TYPE_CHECKING:
+    from .trainable import TrialSpec
 
 SAMPLERS = ("tpe", "random", "gp", "grid")
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
@@ -69,6 +73,15 @@ def make_sampler(name: str, seed: int, space: dict[str, BaseDistribution]) -> op
             grid[key] = list(dist.choices)
         return optuna.samplers.GridSampler(grid, seed=seed)
     raise ConfigError(f"hydra.sweeper.sampler={name!r} is invalid: one of {list(SAMPLERS)}")
+
+
+@dataclass
+class Pending:
+    """A trial to run with known params; `existing` is the study trial a killed driver left
+    RUNNING, reused so the study holds each trial once."""
+
+    spec: TrialSpec
+    existing: FrozenTrial | None = None
 
 
 class Study:

@@ -96,6 +96,8 @@ def test_only_replaces_its_own_entry_and_keeps_the_rest(tiny_results):
     for name in BENCHMARKS:
         if name != "gpu_mfu":
             assert after["benchmarks"][name] == before["benchmarks"][name], name
+    # The table's header names the run each kept row came from, not only the newest one.
+    assert f"measured {before['timestamp']}" in (out / "results.md").read_text()
 
 
 def test_overhead_fit_recovers_a_line():
