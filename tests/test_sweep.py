@@ -61,9 +61,12 @@ def test_card_command_runs_every_trial_once_and_a_rerun_trains_nothing(tmp_path,
     assert "init.gamma=" in overrides and "norm.eps=" in overrides
 
     before = result_mtimes(sweep_dir)
+    ray_session = Path(os.environ.get("RAY_TMPDIR", "/tmp"), "ray", "session_latest")
+    session_before = ray_session.resolve()
     again = sweep(tmp_path, data_cache, *CARD, "wandb.mode=offline", "name=card")
     assert again.returncode == 0, again.stderr[-3000:]
     assert "8 trials (8 already done)" in again.stdout
+    assert ray_session.resolve() == session_before  # nothing to run: no Ray session was started
     assert result_mtimes(sweep_dir) == before
     assert len(pd.read_parquet(sweep_dir / "results.parquet")) == 8
     assert len(study_trials(sweep_dir, "card")) == 8
