@@ -7,7 +7,9 @@
 
 Every number in docs/results.md comes from a committed docs/results/<exp>/summary.json (a copy
 of the report's); the only hand-written text is docs/results/<exp>/reading.md, our reading of
-the numbers, included verbatim. `--collect` also shrinks the figures worth keeping to small PNGs.
+the numbers, included verbatim, and docs/results/<exp>/command.txt where the record was run with
+more than the experiment's own command (more seeds, say). `--collect` also shrinks the figures
+worth keeping to small PNGs.
 """
 
 from __future__ import annotations
@@ -81,9 +83,10 @@ def _margin(m: dict | None) -> str:
     return f"{m['diff']:+.4f} [{m['lo']:+.4f}, {m['hi']:+.4f}]"
 
 
-def section(name: str, s: dict, reading: str | None) -> str:
+def section(name: str, s: dict, reading: str | None, command: str | None = None) -> str:
     out = [f"## {name}", "", "```", experiment_header(name), "```", ""]
-    out += [f"Command: `python sweep.py -m +experiment={name}`, then `make report SWEEP=sweeps/{name}`.", ""]
+    command = command or f"python sweep.py -m +experiment={name}"
+    out += [f"Command: `{command}`, then `make report SWEEP=sweeps/{name}`.", ""]
     sc = s["scale"]
     states = ", ".join(f"{v} {k.lower()}" for k, v in sc["states"].items())
     out += [f"**Scale.** {sc['trials']} trials ({states}), {sc['wall_s'] / 60:.1f} min of training in all.", ""]
@@ -146,8 +149,9 @@ def render(docs: Path) -> str:
             rows.append([name, "not run", "–"])
             continue
         s = json.loads(path.read_text())
-        reading_path = path.parent / "reading.md"
-        sections.append(section(name, s, reading_path.read_text() if reading_path.exists() else None))
+        reading_path, command_path = path.parent / "reading.md", path.parent / "command.txt"
+        sections.append(section(name, s, reading_path.read_text() if reading_path.exists() else None,
+                                command_path.read_text().strip() if command_path.exists() else None))
         decided = [c for c in s["claims"] if c["verdict"] != "not enough data"]
         rows.append([f"[{name}](#{name})", f"{s['scale']['complete']} of {s['scale']['trials']}",
                      "; ".join(f"{c['claim']}: **{c['verdict']}**" for c in decided) or "every claim: not enough data"])

@@ -52,3 +52,29 @@ def test_collect_copies_the_summary_and_shrinks_figures(tmp_path):
     assert (out / "summary.json").read_bytes() == (src / "summary.json").read_bytes()
     assert Image.open(out / "loss_vs_gamma.png").size == (results_doc.FIGURE_WIDTH, 450)
     assert not (out / "loss_curves.png").exists()  # absent from the report: nothing to copy
+
+
+@pytest.mark.parametrize("experiment", results_doc.EXPERIMENTS)
+def test_each_record_has_the_grid_of_the_command_it_names(experiment):
+    """The page's command (the experiment's own, or command.txt's) gives the record's trial count."""
+    import shlex
+
+    from omegaconf import OmegaConf
+
+    from sweeper.space import parse_sweep
+
+    folder = DOCS / "results" / experiment
+    command = folder / "command.txt"
+    args = shlex.split(command.read_text())[3:] if command.exists() else []  # after `python sweep.py -m`
+    yaml = OmegaConf.load(results_doc.REPO / "conf" / "experiment" / f"{experiment}.yaml")
+    params = {k: str(v) for k, v in yaml.hydra.sweeper.params.items()}
+    space = parse_sweep([a for a in args if not a.startswith("+experiment=")], params)
+    trials = json.loads((folder / "summary.json").read_text())["scale"]["trials"]
+    assert len(list(space.grid())) == trials, f"{experiment}: the record has {trials} trials, its command {len(list(space.grid()))}"
+
+
+def test_a_command_txt_replaces_the_default_command(tmp_path):
+    summary = json.loads((DOCS / "results" / "moe" / "summary.json").read_text())
+    assert "`python sweep.py -m +experiment=moe`" in results_doc.section("moe", summary, None)
+    text = results_doc.section("moe", summary, None, "python sweep.py -m +experiment=moe seed=range(0,8)")
+    assert "`python sweep.py -m +experiment=moe seed=range(0,8)`" in text
