@@ -40,6 +40,10 @@ class Settings:
     sweep_wandb_disabled: bool  # also time the headline sweep with wandb.mode=disabled
     data_cold_repeats: int
     data_warm_repeats: int
+    # sweep_overhead also times `make sweep` itself (its grid on the default trials; the
+    # Makefile's SWEEP_GRID, checked by tests/test_bench.py) against its pool ideal. Empty: skip.
+    make_sweep_grid: tuple[str, ...] = ()
+    make_sweep_overrides: tuple[str, ...] = ()  # on top of the defaults (--tiny shrinks the trials)
     gpu_presets: tuple[str, ...] = ("0.1b", "0.5b", "1.5b")
     gpu_steps: int = 10
     extra: dict[str, Any] = field(default_factory=dict)
@@ -59,6 +63,7 @@ FULL = Settings(
     sweep_wandb_disabled=True,
     data_cold_repeats=2,
     data_warm_repeats=5,
+    make_sweep_grid=("init.gamma=0.5,0.75,1.0,1.25", "norm.eps=1e-5,1e-12"),
 )
 
 TINY = Settings(
@@ -78,6 +83,10 @@ TINY = Settings(
     sweep_wandb_disabled=False,
     data_cold_repeats=1,
     data_warm_repeats=3,
+    make_sweep_grid=("init.gamma=0.5,1.0",),
+    make_sweep_overrides=("model=nano", "train.batch_size=4", "train.seq_len=32", "train.max_steps=4",
+                          "train.eval_every=2", "train.eval_tokens=256", "train.per_token_eval_tokens=128",
+                          "train.probe_every=2", "train.ckpt_every=2"),
     gpu_presets=("0.1b",),
     gpu_steps=3,
 )

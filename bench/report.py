@@ -83,6 +83,13 @@ def rows(benchmarks: dict[str, dict]) -> list[list[str]]:
                 out.append([f"  {s['trials']} trials", _f(s["ratio"], ".2f"), "-", "-", f"ideal {s['ideal_s']:.1f} s",
                             f"sweep {s['wall_s']:.1f} s", str(s["repeats"]),
                             f"overhead {s['overhead_s']:.1f} s; driver peak {s['driver_peak_rss_mb']:.0f} MB", where])
+            ms = e.get("make_sweep")
+            if ms:
+                out.append([f"  `make sweep` grid ({ms['trials']} trials)", _f(ms["ratio"], ".2f"), "-", "-",
+                            f"ideal {ms['ideal_s']:.1f} s", f"sweep {ms['wall_s']:.1f} s", "1",
+                            f"overhead {ms['wall_s'] - ms['ideal_s']:.1f} s; first trial runs after "
+                            f"{ms['to_first_trial_s']:.1f} s; run_trial {ms['run_trial_s']:.1f} s in the sweep vs "
+                            f"{ms['trial_s']:.1f} s in the pool", where])
         elif name == "data_prep":
             c = e["corpus"]
             out.append([name, f"{e['cold_s']:.2f} s cold / {e['warm_s'] * 1000:.1f} ms warm", "-", "-",

@@ -139,11 +139,13 @@ def _descendants(root: int) -> list[int]:
     return out
 
 
-def sweep_run(n: int, settings, wandb_mode: str, cache: Path, repo: Path = REPO) -> dict:
-    """One `sweep.py -m` of n trials; `repo` lets a patched copy of the code be timed the same way."""
+def sweep_run(n: int, settings, wandb_mode: str, cache: Path, repo: Path = REPO, grid: tuple[str, ...] | None = None) -> dict:
+    """One `sweep.py -m` of n trials: the short-trial gamma grid, or `grid` (n points) on the
+    default trials; `repo` lets a patched copy of the code be timed the same way."""
     cwd = Path(tempfile.mkdtemp(prefix="smallinit-bench-sweep-"))
     name = f"bench{n}"
-    args = ["-m", "init.gamma=" + ",".join(str(g) for g in gammas(n)), *settings.sweep_overrides,
+    trials = grid if grid is not None else ("init.gamma=" + ",".join(str(g) for g in gammas(n)), *settings.sweep_overrides)
+    args = ["-m", *trials,
             f"ray.num_cpus={settings.concurrency}", f"hydra.sweeper.max_concurrent={settings.concurrency}",
             f"wandb.mode={wandb_mode}", f"name={name}"]
     env = {**os.environ, "PYTHONPATH": str(repo), "SMALLINIT_CACHE": str(cache), "WANDB_API_KEY": "",
@@ -231,7 +233,26 @@ def run(settings, context: dict | None = None) -> dict:
             progress(name, f"{n:2d} trials (wandb {mode}): sweep {point['wall_s']:6.1f} s, ideal {point['ideal_s']:6.1f} s "
                            f"(pool {point['pool_wall_s']:.1f} s) -> {point['ratio']:.2f}; first trial after "
                            f"{point['to_first_trial_s']:.1f} s, driver peak {point['driver_peak_rss_mb']:.0f} MB")
-    return _assemble(points, settings, context or {})
+        out = _assemble(points, settings, context or {})
+        if settings.make_sweep_grid:
+            out["make_sweep"] = _make_sweep(pool, settings, cache)
+    return out
+
+
+def _make_sweep(pool, settings, cache: Path) -> dict:
+    """`make sweep` itself, once: its grid on the default trials, against the same pool."""
+    import itertools
+
+    axes = [[f"{kv.split('=', 1)[0]}={v}" for v in kv.split("=", 1)[1].split(",")] for kv in settings.make_sweep_grid]
+    trials = [compose_trial(*point, *settings.make_sweep_overrides) for point in itertools.product(*axes)]
+    n = len(trials)
+    progress("sweep_overhead", f"`make sweep`: {n} default trials ({' '.join(settings.make_sweep_grid)}), pool then sweep")
+    point = {"trials": n, "wandb": "offline", **pool_run(pool, trials, settings.concurrency)}
+    point.update(sweep_run(n, settings, "offline", cache, grid=(*settings.make_sweep_grid, *settings.make_sweep_overrides)))
+    point["ratio"] = point["wall_s"] / point["ideal_s"]
+    progress("sweep_overhead", f"`make sweep`: sweep {point['wall_s']:.1f} s, ideal {point['ideal_s']:.1f} s "
+                               f"(pool {point['pool_wall_s']:.1f} s) -> {point['ratio']:.2f}")
+    return point
 
 
 def _assemble(points: list[dict], settings, context: dict) -> dict:

@@ -70,6 +70,8 @@ def test_ratios_are_positive_and_finite(tiny_results):
     assert all(_positive(p["ratio"]) and p["wall_s"] > p["ideal_s"] > 0 for p in s["series"])
     assert _positive(s["driver_peak_rss_mb"]) and s["tree_peak_rss_mb"] >= s["driver_peak_rss_mb"]
     assert s["fit"] is not None and all(math.isfinite(v) for v in s["fit"].values())
+    m = s["make_sweep"]  # `make sweep`'s grid (on tiny trials here) against the same pool
+    assert m["trials"] == 2 and m["wall_s"] > m["ideal_s"] > 0 and _positive(m["ratio"])
     d = b["data_prep"]
     assert _positive(d["cold_s"]) and _positive(d["warm_s"]) and d["corpus"]["train_tokens"] > 0
 
@@ -81,6 +83,7 @@ def test_markdown_table_has_a_row_per_benchmark(tiny_results):
     for name in BENCHMARKS:
         assert any(row.startswith(f"| {name}") for row in rows), name
     assert "PASS" in table or "MISS" in table
+    assert "| `make sweep` grid (2 trials)" in table.replace("|   ", "| ")
     assert table.strip() in stdout  # the final table is printed too
 
 
@@ -98,6 +101,15 @@ def test_only_replaces_its_own_entry_and_keeps_the_rest(tiny_results):
             assert after["benchmarks"][name] == before["benchmarks"][name], name
     # The table's header names the run each kept row came from, not only the newest one.
     assert f"measured {before['timestamp']}" in (out / "results.md").read_text()
+
+
+def test_the_make_sweep_point_times_the_makefiles_grid():
+    import re
+
+    from bench.common import FULL
+
+    grid = re.search(r"^SWEEP_GRID \?= (.*)$", (REPO / "Makefile").read_text(), re.M).group(1).split()
+    assert list(FULL.make_sweep_grid) == grid and not FULL.make_sweep_overrides
 
 
 def test_overhead_fit_recovers_a_line():
