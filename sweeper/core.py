@@ -3,9 +3,10 @@
 1. Parse the overrides into a grid or an Optuna search space (sweeper/space.py).
 2. Compose and validate every trial's config with Hydra, here, before anything launches;
    a bad override stops the command with one line and leaves nothing behind.
-3. Open the study (SQLite by default), connect to Ray, prepare the data once.
+3. Open the study (SQLite by default) and check the grid against what it recorded.
 4. Skip trials whose identity already finished; reuse trials a killed driver left RUNNING.
-5. Run the rest as Ray Tune trials (StudySearcher decides which, ASHA may stop them).
+5. If any are left: start or connect to Ray while the data is prepared once, run them as
+   Ray Tune trials (StudySearcher decides which, ASHA may stop them), stop Ray.
 6. Write results.parquet and print the best trial.
 """
 
