@@ -12,6 +12,9 @@ but no Ray, Hydra, Optuna, W&B or process start-up. The pool's own wall time is 
 Sweep and pool alternate (ABAB) at each size; the extra W&B-disabled sweep is compared with the
 latest pool run of the same trials.
 
+Then `make sweep` itself (the Makefile's grid on the default trials) is timed once against the
+same pool: the ratio a user of the default command pays.
+
 Where a sweep's time goes is read back from its trial folders: placement.json is written when
 the Ray worker starts the trial, trial.json when run_trial starts (after W&B's init), result.json
 when run_trial ends. Driver memory: VmHWM / VmRSS of the driver process and the RSS summed over
