@@ -22,6 +22,9 @@ from .stats import A_HIGHER, A_LOWER, compare, verdict
 
 ACCURACIES = {"in_dist": "anchor_in_dist_acc", "inferential": "anchor_inferential_acc",
               "symmetric": "anchor_symmetric_acc"}
+# Accuracy on the training sequences themselves: high here with low seen-pair accuracy is a
+# model that memorised its training set without learning the anchor functions.
+TRAIN = "anchor_train_acc"
 PAIR_COLS = ("n_layers", "init_seed", "train_seed")
 # Below this in-distribution accuracy (chance is 1/100) a γ has not learned the seen pairs, so
 # its answer on the unseen pair says nothing about inference against memorisation: such a γ
@@ -31,11 +34,6 @@ LEARNED = 0.5
 
 def has_anchor(df: pd.DataFrame) -> bool:
     return ACCURACIES["inferential"] in df and bool(df[ACCURACIES["inferential"]].notna().any())
-
-
-# Accuracy on the training sequences themselves: high here with low seen-pair accuracy is a
-# model that memorised its training set without learning the anchor functions.
-TRAIN = "anchor_train_acc"
 
 
 def phase_table(df: pd.DataFrame) -> pd.DataFrame:
