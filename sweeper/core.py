@@ -222,7 +222,7 @@ def _run(conf: SmallinitSweeperConf, loader, base: DictConfig, arguments: list[s
     study = Study(storage, conf.study_name or str(base.get("name", "sweep")), sampler)
     # A grid rerun with more values (seeds, gammas) must fit what the study recorded: checked
     # before Ray starts, so this error, like every other, comes in the first seconds.
-    grid_dists = study.grid_distributions(space.grid_distributions()) if space.mode == "grid" else None
+    grid_dists = study.grid_distributions(space) if space.mode == "grid" else None
     # Everything is valid: from here on we write.
     pending, n_new, skipped, total = _plan(conf, space, study, specs, composer)
     print(f"sweep {study.study.study_name}: {space.mode}, {total} trials ({skipped} already done), "
@@ -396,7 +396,7 @@ def _finish(sweep_dir: Path, study, aborted: str | None) -> list[dict[str, Any]]
         best = done.loc[done["final_val_loss"].idxmin()]
         params = {c.removeprefix("param."): best[c].item() if hasattr(best[c], "item") else best[c]
                   for c in df.columns if c.startswith("param.")}
-        print(f"best: trial {best['trial_number']} {params} val loss {best['final_val_loss']:.4f} -> {best['trial_dir']}")
+        print(f"best: trial {int(best['trial_number'])} {params} val loss {best['final_val_loss']:.4f} -> {best['trial_dir']}")
     if aborted:
         sys.exit(f"error: {aborted}")
     return df.to_dict("records")

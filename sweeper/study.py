@@ -21,6 +21,7 @@ from optuna.trial import FrozenTrial, TrialState
 from model.config import ConfigError
 
 if TYPE_CHECKING:
+    from .space import SweepSpace
     from .trainable import TrialSpec
 
 SAMPLERS = ("tpe", "random", "gp", "grid")
@@ -103,7 +104,7 @@ class Study:
                 out[ident] = t
         return out
 
-    def grid_distributions(self, wanted: dict[str, BaseDistribution]) -> dict[str, BaseDistribution]:
+    def grid_distributions(self, space: SweepSpace) -> dict[str, BaseDistribution]:
         """The distributions to record a grid's points with, given what the study already
         holds for each key (Optuna checks every new record against the first one). Raises
         ConfigError, before any trial, where the two cannot be reconciled."""
@@ -112,13 +113,14 @@ class Study:
             for key, dist in t.distributions.items():
                 recorded.setdefault(key, dist)
         out = {}
-        for key, dist in wanted.items():
+        for key, dist in space.grid_distributions().items():
             old = recorded.get(key)
             if old is None:
                 out[key] = dist
             elif isinstance(old, optuna.distributions.CategoricalDistribution):
-                values = dist.choices if isinstance(dist, optuna.distributions.CategoricalDistribution) else None
-                if values is None or not set(values) <= set(old.choices):
+                # Recorded as choices (a non-numeric key, or a study from before grids were
+                # recorded as ranges): the grid's values must be among them.
+                if not set(space.discrete[key].values) <= set(old.choices):
                     raise ConfigError(
                         f"{key} is invalid for study {self.study.study_name!r}: it recorded {key} as the "
                         f"choices {list(old.choices)}, and an Optuna study cannot widen a categorical; "

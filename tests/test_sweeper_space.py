@@ -110,14 +110,32 @@ def test_a_grid_is_recorded_so_that_it_can_grow_and_a_categorical_cannot():
 
     study = Study(optuna.storages.InMemoryStorage(), "grow", optuna.samplers.RandomSampler(seed=0))
     small = parse_sweep(["seed=0,1,2", "attn=none,headwise"])
-    dists = study.grid_distributions(small.grid_distributions())
+    dists = study.grid_distributions(small)
     assert isinstance(dists["seed"], optuna.distributions.IntDistribution)
     for point in small.grid():
         study.create_running(point, dists)
     grown = parse_sweep(["seed=0,1,2,3,4,5", "attn=none"])
-    again = study.grid_distributions(grown.grid_distributions())
+    again = study.grid_distributions(grown)
     for point in grown.grid():  # Optuna accepts every new record
         study.create_running(point, again)
     wider = parse_sweep(["seed=0", "attn=none,elementwise"])
     with pytest.raises(ConfigError, match=r"attn is invalid for study 'grow'.*cannot widen a categorical"):
-        study.grid_distributions(wider.grid_distributions())
+        study.grid_distributions(wider)
+
+
+def test_a_study_that_recorded_numbers_as_choices_still_reruns_its_grid():
+    """Studies written before grids were recorded as ranges hold seeds and gammas as
+    categoricals: the same grid, or a part of it, must still run on them."""
+    import optuna
+
+    from sweeper.study import Study
+
+    study = Study(optuna.storages.InMemoryStorage(), "old", optuna.samplers.RandomSampler(seed=0))
+    old = parse_sweep(["seed=0,1,2", "init.gamma=0.5,1.0"])
+    for point in old.grid():
+        study.create_running(point, old.distributions())  # categoricals, as the old code recorded
+    again = study.grid_distributions(old)
+    assert again == old.distributions()
+    study.grid_distributions(parse_sweep(["seed=0,1", "init.gamma=1.0"]))  # a subset runs too
+    with pytest.raises(ConfigError, match=r"seed is invalid for study 'old'.*cannot widen a categorical"):
+        study.grid_distributions(parse_sweep(["seed=0,1,2,3", "init.gamma=0.5,1.0"]))
