@@ -89,7 +89,9 @@ def rows(benchmarks: dict[str, dict]) -> list[list[str]]:
                             f"ideal {ms['ideal_s']:.1f} s", f"sweep {ms['wall_s']:.1f} s", "1",
                             f"overhead {ms['wall_s'] - ms['ideal_s']:.1f} s; first trial runs after "
                             f"{ms['to_first_trial_s']:.1f} s; run_trial {ms['run_trial_s']:.1f} s in the sweep vs "
-                            f"{ms['trial_s']:.1f} s in the pool", where])
+                            f"{ms['trial_s']:.1f} s in the pool"
+                            + (" (ideal: mean of the pool runs before and after, {:.1f} and {:.1f} s)".format(*ms["pool_ideals_s"])
+                               if "pool_ideals_s" in ms else ""), where])
         elif name == "data_prep":
             c = e["corpus"]
             out.append([name, f"{e['cold_s']:.2f} s cold / {e['warm_s'] * 1000:.1f} ms warm", "-", "-",

@@ -286,6 +286,9 @@ class _Background(threading.Thread):
 
 
 def _import_tune() -> None:
+    # Tune's usage telemetry imports its W&B integration, and with it wandb (~0.8 s), when
+    # the run starts: imported here, beside Ray's start, it is off the critical path.
+    import ray.air.integrations.wandb  # noqa: F401
     import ray.tune.logger  # noqa: F401
     import ray.tune.schedulers  # noqa: F401
 

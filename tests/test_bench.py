@@ -72,6 +72,7 @@ def test_ratios_are_positive_and_finite(tiny_results):
     assert s["fit"] is not None and all(math.isfinite(v) for v in s["fit"].values())
     m = s["make_sweep"]  # `make sweep`'s grid (on tiny trials here) against the same pool
     assert m["trials"] == 2 and m["wall_s"] > m["ideal_s"] > 0 and _positive(m["ratio"])
+    assert len(m["pool_ideals_s"]) == 2 and m["ideal_s"] == pytest.approx(sum(m["pool_ideals_s"]) / 2)  # pool, sweep, pool
     d = b["data_prep"]
     assert _positive(d["cold_s"]) and _positive(d["warm_s"]) and d["corpus"]["train_tokens"] > 0
 
