@@ -42,7 +42,6 @@ def main(argv: list[str] | None = None) -> int:
     where = machine["gpu"] or f"{machine['cpu_count']} CPUs"
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     benchmarks: dict[str, dict] = {}
-    context: dict = {}
     t_start = time.perf_counter()
 
     def attempt(names: list[str], fn) -> None:
@@ -63,13 +62,7 @@ def main(argv: list[str] | None = None) -> int:
 
     attempt(["data_prep"], lambda _: {"data_prep": data_bench.run(settings)})
     attempt(["trainer_vs_bare", "probe_overhead"], lambda names: trainer_bench.run(settings, names))
-    if "trainer_vs_bare" in benchmarks and "measured" in benchmarks["trainer_vs_bare"] and not args.tiny:
-        context["default_trial_s"] = benchmarks["trainer_vs_bare"]["measured"]["wall_s"]
-    elif not args.tiny and (args.out / "results.json").exists():  # --only sweep_overhead: the last measurement
-        kept = json.loads((args.out / "results.json").read_text()).get("benchmarks", {}).get("trainer_vs_bare", {})
-        if "measured" in kept:
-            context["default_trial_s"] = kept["measured"]["wall_s"]
-    attempt(["sweep_overhead"], lambda _: {"sweep_overhead": sweep_bench.run(settings, context)})
+    attempt(["sweep_overhead"], lambda _: {"sweep_overhead": sweep_bench.run(settings)})
     attempt(["gpu_mfu"], lambda _: {"gpu_mfu": gpu_bench.run(settings)})
 
     previous = args.out / "results.json"

@@ -75,8 +75,6 @@ def rows(benchmarks: dict[str, dict]) -> list[list[str]]:
                 note += f" (each added trial costs {_f(e['marginal_ratio'], '.2f')}x its ideal share)"
             if "wandb_disabled_ratio" in e:
                 note += f"; W&B disabled {_f(e['wandb_disabled_ratio'], '.2f')}"
-            if "projected_make_sweep_ratio" in e:
-                note += f"; projected for `make sweep` (8 default trials) {_f(e['projected_make_sweep_ratio'], '.2f')}"
             out.append([f"{name} ({e['concurrency']} at once)", _f(e["ratio"], ".2f"), _target(e["target"]), _verdict(e),
                         f"ideal {b['ideal_s']:.1f} s", f"sweep {m['wall_s']:.1f} s", str(e["repeats"]), note, where])
             for s in e["series"]:

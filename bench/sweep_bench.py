@@ -200,7 +200,7 @@ def _timeline(dirs: list[Path], t_start: float, t_end: float, concurrency: int) 
 
 # ---- the benchmark ----
 
-def run(settings, context: dict | None = None) -> dict:
+def run(settings) -> dict:
     name = "sweep_overhead"
     cache = cache_dir()
     base = compose_trial(*settings.sweep_overrides)
@@ -236,7 +236,7 @@ def run(settings, context: dict | None = None) -> dict:
             progress(name, f"{n:2d} trials (wandb {mode}): sweep {point['wall_s']:6.1f} s, ideal {point['ideal_s']:6.1f} s "
                            f"(pool {point['pool_wall_s']:.1f} s) -> {point['ratio']:.2f}; first trial after "
                            f"{point['to_first_trial_s']:.1f} s, driver peak {point['driver_peak_rss_mb']:.0f} MB")
-        out = _assemble(points, settings, context or {})
+        out = _assemble(points, settings)
         if settings.make_sweep_grid:
             out["make_sweep"] = _make_sweep(pool, settings, cache)
     return out
@@ -265,7 +265,7 @@ def _make_sweep(pool, settings, cache: Path) -> dict:
     return point
 
 
-def _assemble(points: list[dict], settings, context: dict) -> dict:
+def _assemble(points: list[dict], settings) -> dict:
     offline = [p for p in points if p["wandb"] == "offline"]
     head = [p for p in offline if p["trials"] == settings.sweep_headline]
     series = []
@@ -308,12 +308,6 @@ def _assemble(points: list[dict], settings, context: dict) -> dict:
     disabled = [p for p in points if p["wandb"] == "disabled"]
     if disabled:
         out["wandb_disabled_ratio"] = median(p["ratio"] for p in disabled)
-    trial_s = context.get("default_trial_s")
-    if trial_s and fit:
-        # What the fitted overhead means for `make sweep`: 8 default trials (their in-process
-        # time measured by trainer_vs_bare at the same thread count) at this concurrency.
-        ideal = 8 * trial_s / settings.concurrency
-        out["projected_make_sweep_ratio"] = (ideal + fit["fixed_s"] + 8 * fit["per_trial_s"]) / ideal
     return out
 
 
