@@ -66,6 +66,11 @@ FULL = Settings(
     make_sweep_grid=("init.gamma=0.5,0.75,1.0,1.25", "norm.eps=1e-5,1e-12"),
 )
 
+# The tiny run's sweep trials, for both its short-trial sweeps and its `make sweep` point.
+_TINY_SWEEP_TRIAL = ("model=nano", "train.batch_size=4", "train.seq_len=32", "train.max_steps=4",
+                     "train.eval_every=2", "train.eval_tokens=256", "train.per_token_eval_tokens=128",
+                     "train.probe_every=2", "train.ckpt_every=2")
+
 TINY = Settings(
     mode="tiny",
     trial_overrides=("model=nano", "train.batch_size=4", "train.seq_len=32", "train.max_tokens=1024",
@@ -73,9 +78,7 @@ TINY = Settings(
                      "train.probe_every=4", "train.ckpt_every=4"),
     repeats=1,
     threads=1,
-    sweep_overrides=("model=nano", "train.batch_size=4", "train.seq_len=32", "train.max_steps=4",
-                     "train.eval_every=2", "train.eval_tokens=256", "train.per_token_eval_tokens=128",
-                     "train.probe_every=2", "train.ckpt_every=2"),
+    sweep_overrides=_TINY_SWEEP_TRIAL,
     sweep_sizes=(2, 4),
     sweep_headline=2,
     sweep_repeats=1,
@@ -84,9 +87,7 @@ TINY = Settings(
     data_cold_repeats=1,
     data_warm_repeats=3,
     make_sweep_grid=("init.gamma=0.5,1.0",),
-    make_sweep_overrides=("model=nano", "train.batch_size=4", "train.seq_len=32", "train.max_steps=4",
-                          "train.eval_every=2", "train.eval_tokens=256", "train.per_token_eval_tokens=128",
-                          "train.probe_every=2", "train.ckpt_every=2"),
+    make_sweep_overrides=_TINY_SWEEP_TRIAL,
     gpu_presets=("0.1b",),
     gpu_steps=3,
 )
