@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from model import Transformer
 from trainer.data import TrainBatches
 from trainer.loop import lr_at, resolve_device
-from trainer.tasks import autocast_for
+from trainer.precision import autocast_for, resolve_dtype
 
 
 def _sync(device: torch.device) -> None:
@@ -31,7 +31,7 @@ def bare_loop(trial, data, steps: int | None = None) -> dict[str, float]:
     total = t.total_steps
     steps = total if steps is None else steps
     device = resolve_device(t.device)
-    autocast = autocast_for(device, t.dtype)
+    autocast = autocast_for(device, resolve_dtype(device, t.dtype).dtype)
     t0 = time.perf_counter()
     model = Transformer(trial.model).to(device)
     decay = [p for p in model.parameters() if p.ndim >= 2]

@@ -64,6 +64,8 @@ def trial_row(trial_dir: Path, study_state: dict[str, Any] | None = None) -> dic
         "task": cfg["data"].get("task", "lm"),
         "train_seed": train["seed"],
         "lr": cfg["optim"]["lr"],
+        "weight_decay": cfg["optim"]["weight_decay"],
+        "dtype": None,
         "tokens": None,
         "final_val_loss": None,
         "best_val_loss": None,
@@ -83,7 +85,7 @@ def trial_row(trial_dir: Path, study_state: dict[str, Any] | None = None) -> dic
         row.update(
             n_params=result["n_params"], tokens=result["tokens"], final_val_loss=result["final_val_loss"],
             best_val_loss=result["best_val_loss"], unigram_entropy=result["unigram_entropy"], wall_s=result["wall_s"],
-            tokens_per_s=result["tokens_per_s"], mfu=result["mfu"],
+            tokens_per_s=result["tokens_per_s"], mfu=result["mfu"], dtype=result.get("dtype"),
             per_token_losses_path=result["artifacts"].get("per_token_losses") or None,
         )
         for key in PROBE_SUMMARIES:

@@ -26,7 +26,8 @@ from model import Transformer, run_probes
 from .checkpoint import atomic_write_json, load_checkpoint, save_checkpoint
 from .config import TrialConfig
 from .reporting import JsonlReporter, MultiReporter, Reporter, Timer
-from .tasks import autocast_for, make_task
+from .precision import autocast_for, resolve_dtype
+from .tasks import make_task
 
 # Reading the loss on the host every step makes a GPU wait for its queue to drain; on an
 # accelerator the loss (and the gradient norm) stay on the device and are read every
@@ -51,6 +52,7 @@ class TrialResult:
     wall_s: float
     tokens_per_s: float
     mfu: float | None
+    dtype: str = "fp32"  # what train.dtype resolved to on the machine that ran it
     final_metrics: dict[str, float] = field(default_factory=dict)
     artifacts: dict[str, str] = field(default_factory=dict)
 
@@ -134,7 +136,9 @@ def run_trial(trial: TrialConfig, out_dir: Path, reporter: Reporter | None = Non
         torch.set_num_threads(t.threads)
     atomic_write_json(out_dir / "trial.json", {"identity": identity, "config": trial.to_dict()})
     device = resolve_device(t.device)
-    autocast = autocast_for(device, t.dtype)
+    precision = resolve_dtype(device, t.dtype)
+    log(f"dtype: {precision.dtype} ({precision.reason})")
+    autocast = autocast_for(device, precision.dtype)
     task = make_task(trial, log=log, prepared=prepared) if trial.task == "lm" else make_task(trial, log=log)
 
     model = Transformer(trial.model).to(device)
@@ -249,7 +253,7 @@ def run_trial(trial: TrialConfig, out_dir: Path, reporter: Reporter | None = Non
         identity=identity, steps=total, tokens=tokens, n_params=model.num_params(),
         final_val_loss=last.get("val/loss"), best_val_loss=best, unigram_entropy=task.unigram_entropy,
         wall_s=prior_wall + time.perf_counter() - t0, tokens_per_s=tok_s,
-        mfu=(tok_s * flops_tok / peak) if peak else None, final_metrics=last,
+        mfu=(tok_s * flops_tok / peak) if peak else None, dtype=precision.dtype, final_metrics=last,
         artifacts={
             "metrics": str(out_dir / "metrics.jsonl"), "probes": str(out_dir / "probes"),
             "per_token_losses": str(out_dir / "per_token_losses.npz") if per_token else "",

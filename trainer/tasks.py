@@ -7,7 +7,6 @@ knows nothing else about data.
 
 from __future__ import annotations
 
-import contextlib
 import math
 from typing import Any
 
@@ -116,10 +115,3 @@ class AnchorTask:
 def make_task(trial: TrialConfig, log=print, **kw: Any) -> LMTask | AnchorTask:
     return AnchorTask(trial, log) if trial.task == "anchor" else LMTask(trial, log, **kw)
 
-
-def autocast_for(device: torch.device, dtype: str):
-    """bf16 autocast on CUDA by default, fp32 on CPU (bf16 on CPU only when asked)."""
-    use_bf16 = dtype == "bf16" or (dtype == "auto" and device.type == "cuda")
-    if not use_bf16:
-        return contextlib.nullcontext
-    return lambda: torch.autocast(device_type=device.type, dtype=torch.bfloat16)
