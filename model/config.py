@@ -220,9 +220,13 @@ GPU_VOCAB = 32768
 CPU_VOCAB = 4096
 
 
+def llama_d_ff(d_model: int) -> int:
+    """Llama's SwiGLU hidden size: 8/3 * d rounded up to a multiple of 64."""
+    return 64 * math.ceil(8 * d_model / 3 / 64)
+
+
 def _llama(d_model: int, n_layers: int, n_heads: int, n_kv_heads: int | None = None, **kw: Any) -> ModelConfig:
-    # Llama's SwiGLU hidden size: 8/3 * d rounded up to a multiple of 64.
-    d_ff = kw.pop("d_ff", None) or 64 * math.ceil(8 * d_model / 3 / 64)
+    d_ff = kw.pop("d_ff", None) or llama_d_ff(d_model)
     return ModelConfig(
         d_model=d_model, n_layers=n_layers, n_heads=n_heads, n_kv_heads=n_kv_heads, d_ff=d_ff, **kw
     )

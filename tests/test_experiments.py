@@ -19,6 +19,7 @@ EXPECTED = {
     "scaling": (18, {"nano", "micro", "mini"}),
     "moe": (10, {"micro-moe"}),
     "anchor": (18, {"nano"}),
+    "width_trend": (72, {"micro"}),
     "gpu/gamma_scan": (10, {"0.1b"}),
     "gpu/eps_fix": (4, {"0.5b"}),
     "gpu/gate": (6, {"0.1b"}),
@@ -71,6 +72,20 @@ def test_scaling_arms_pair_the_papers_recipes(data_cache):
 def test_eps_fix_runs_at_a_width_where_saturation_bites(data_cache):
     _, trials = grid_trials("eps_fix")
     assert {t.model.d_model for t in trials} == {512}
+
+
+def test_width_trend_scales_width_at_fixed_depth_and_head_size(data_cache):
+    _, trials = grid_trials("width_trend")
+    assert {t.model.d_model for t in trials} == {64, 128, 192, 256}
+    for t in trials:
+        m = t.model
+        assert m.n_layers == 4 and m.head_dim == 64 and m.n_heads == m.d_model // 64
+        assert m.d_ff == 64 * -(-8 * m.d_model // (3 * 64))  # Llama's 8/3*d, rounded up to 64
+        assert t.train.max_tokens == 327680  # one token budget at every width
+    arms = {(t.model.init.gamma, t.model.norm.eps, t.model.attn.gate) for t in trials}
+    assert arms == {(0.5, 1e-5, "none"), (1.0, 1e-12, "elementwise")}
+    assert {t.optim.lr for t in trials} == {1e-3, 3e-3, 1e-2}
+    assert all(t.model.init.seed == t.train.seed for t in trials)
 
 
 @pytest.mark.slow

@@ -22,6 +22,7 @@ from model.config import (
     ModelConfig,
     NormConfig,
     _require,
+    llama_d_ff,
 )
 
 SCHEDULES = ("cosine", "wsd", "constant")
@@ -155,13 +156,28 @@ def _only_known(section: str, given: dict[str, Any], cls: type) -> dict[str, Any
     return given
 
 
+def _derive_width(shape: dict[str, Any], head_dim: Any, base: ModelConfig) -> None:
+    """A width override carries what scales with width: the SwiGLU hidden size (unless
+    model.d_ff is given) and, with model.head_dim, the head count."""
+    d = shape.get("d_model", base.d_model)
+    if "d_model" in shape and "d_ff" not in shape and isinstance(d, int) and d > 0:
+        shape["d_ff"] = llama_d_ff(d)
+    if head_dim is not None:
+        _require(isinstance(head_dim, int) and head_dim > 0 and isinstance(d, int) and d % head_dim == 0,
+                 "model.head_dim", head_dim, f"must be a positive integer dividing model.d_model ({d})")
+        _require("n_heads" not in shape, "model.n_heads", shape.get("n_heads"), "leave null when model.head_dim is set")
+        shape["n_heads"] = d // head_dim
+
+
 def trial_config_from_dict(cfg: dict[str, Any]) -> TrialConfig:
     """Build and validate a TrialConfig from a resolved config dict (the composed Hydra
     config as a plain container). Raises ConfigError naming key, value and what is allowed."""
     m = dict(cfg["model"])
     preset = m.pop("preset")
     ffn = m.pop("ffn", None)
+    head_dim = m.pop("head_dim", None)
     shape = {k: v for k, v in _only_known("model", m, ModelConfig).items() if v is not None}
+    _derive_width(shape, head_dim, ModelConfig.preset(preset))
     overrides: dict[str, Any] = dict(shape)
     if ffn is not None:
         overrides["ffn"] = FFNConfig(**_only_known("model.ffn", dict(ffn), FFNConfig))
