@@ -18,7 +18,7 @@ import pandas as pd
 from .claims import Claim, _record
 from .figures import GAMMA
 from .render import Block
-from .stats import A_HIGHER, A_LOWER, compare, verdict
+from .stats import A_HIGHER, A_LOWER, CONTRADICTED, INCONCLUSIVE, NOT_RUN, SUPPORTED, compare, largest_excluded, verdict
 
 ACCURACIES = {"in_dist": "anchor_in_dist_acc", "inferential": "anchor_inferential_acc",
               "symmetric": "anchor_symmetric_acc"}
@@ -95,7 +95,7 @@ def anchor_claim(df: pd.DataFrame) -> Claim:
     c = Claim("Small init infers the unseen composition; large init memorises it",
               "anchor functions (Zhang et al., NeurIPS 2024): small init composes the unseen anchor pair "
               "(inferential solution), large init copies a seen pair's label (symmetric solution)",
-              "not enough data", "")
+              NOT_RUN, "")
     if not has_anchor(df):
         c.reason = "no anchor-task trials (run +experiment=anchor)"
         return c
@@ -103,6 +103,7 @@ def anchor_claim(df: pd.DataFrame) -> Claim:
     if len(gammas) < 2:
         c.reason = "one γ only"
         return c
+    c.verdict = INCONCLUSIVE
     eligible = []
     for g in gammas:
         d = df[np.isclose(df["gamma"], g)]
@@ -120,14 +121,15 @@ def anchor_claim(df: pd.DataFrame) -> Claim:
     inf = compare(small, large, ACCURACIES["inferential"], PAIR_COLS)
     sym = compare(small, large, ACCURACIES["symmetric"], PAIR_COLS)
     label = f"γ={hi:g} vs γ={lo:g}, paired by (depth, seed)"
-    _record(c, f"{label}: inferential accuracy", inf, unit="of sequences")
-    _record(c, f"{label}: symmetric accuracy", sym, unit="of sequences")
-    vi, ri = verdict([inf], A_HIGHER)
-    vs, rs = verdict([sym], A_LOWER)
-    if vi == vs == "supported":
-        c.verdict, c.reason = "supported", f"γ={hi:g} answers inferentially and γ={lo:g} symmetrically, beyond the spread"
-    elif "not supported" in (vi, vs):
-        c.verdict, c.reason = "not supported", f"inferential: {ri}; symmetric: {rs}"
+    _record(c, f"{label}: inferential accuracy", inf, A_HIGHER, unit="of sequences")
+    _record(c, f"{label}: symmetric accuracy", sym, A_LOWER, unit="of sequences")
+    vi, ri = verdict([inf], A_HIGHER, "of sequences")
+    vs, rs = verdict([sym], A_LOWER, "of sequences")
+    if vi == vs == SUPPORTED:
+        c.verdict, c.reason = SUPPORTED, f"γ={hi:g} answers inferentially and γ={lo:g} symmetrically, beyond the spread"
+    elif CONTRADICTED in (vi, vs):
+        c.verdict, c.reason = CONTRADICTED, f"inferential: {ri}; symmetric: {rs}"
     else:
         c.reason = f"inferential: {ri}; symmetric: {rs}"
+        c.excluded = largest_excluded([inf, sym])
     return c

@@ -1,9 +1,10 @@
 """The paper's claims, each with the verdict this sweep supports and the numbers behind it.
 
-Verdicts are exactly "supported", "not supported" or "not enough data", with a reason.
-Comparisons between arms go through experiments.stats (paired by seed, real only when the
-95% interval excludes 0; one seed decides nothing). "Small init" means gamma >= 1 - NEAR_ONE;
-"near 1" means |gamma - 1| <= NEAR_ONE.
+Verdicts are exactly "supported", "contradicted", "inconclusive" or "not run", with a reason.
+Comparisons between arms go through experiments.stats (paired by seed at each arm's own best
+lr, real only when the 95% interval excludes 0 and the ranking held over the last quarter of
+training; one seed decides nothing). An inconclusive claim states the smallest effect its data
+excludes. "Small init" means gamma >= 1 - NEAR_ONE; "near 1" means |gamma - 1| <= NEAR_ONE.
 """
 
 from __future__ import annotations
@@ -14,9 +15,24 @@ import numpy as np
 import pandas as pd
 
 from .load import Sweep
-from .stats import A_HIGHER, A_LOWER, Comparison, compare, verdict
+from .stats import (
+    A_HIGHER,
+    A_LOWER,
+    CONTRADICTED,
+    INCONCLUSIVE,
+    NOT_RUN,
+    SUPPORTED,
+    VERDICTS,
+    Comparison,
+    compare,
+    largest_excluded,
+    outcome,
+    verdict,
+)
 
-VERDICTS = ("supported", "not supported", "not enough data")
+__all__ = ["VERDICTS", "Claim"]
+# Validation loss as logged during training: the curve behind every loss comparison.
+LOSS_CURVE = "val/loss"
 NEAR_ONE = 0.15
 SLOPE_TOL = 0.1
 
@@ -29,20 +45,26 @@ class Claim:
     reason: str
     evidence: list[str] = field(default_factory=list)
     numbers: list[dict] = field(default_factory=list)
+    # Inconclusive claims: the |effect| beyond which the data rules it out (in the claim's unit).
+    excluded: float | None = None
 
     def as_dict(self) -> dict:
         return dict(claim=self.claim, paper=self.paper, verdict=self.verdict, reason=self.reason,
-                    evidence=self.evidence, numbers=self.numbers)
+                    evidence=self.evidence, numbers=self.numbers, excluded=self.excluded)
+
+    def decide(self, comps: list[Comparison], want: str, unit: str = "nats") -> None:
+        self.verdict, self.reason = verdict(comps, want, unit)
+        self.excluded = largest_excluded(comps) if self.verdict == INCONCLUSIVE else None
 
 
-def _record(claim: Claim, label: str, c: Comparison, unit: str = "nats", what: str = "A − B") -> None:
-    claim.evidence.append(f"{label}: {what} = {c.text(unit)}")
-    claim.numbers.append(dict(label=label, what=what, unit=unit, **c.as_dict()))
+def _record(claim: Claim, label: str, c: Comparison, want: str, unit: str = "nats", what: str = "A − B") -> None:
+    claim.evidence.append(f"{label}: {what} = {c.text(unit)} → {outcome(c, want)}")
+    claim.numbers.append(dict(label=label, what=what, unit=unit, verdict=outcome(c, want), **c.as_dict()))
 
 
 def best_gamma_claim(sweep: Sweep, best: pd.DataFrame, metric: str) -> Claim:
     c = Claim("Best γ is near 1, and loss is worse above 1",
-              "loss is lowest at γ = 1 and degrades for γ > 1", "not enough data", "")
+              "loss is lowest at γ = 1 and degrades for γ > 1", NOT_RUN, "")
     df = sweep.complete
     comps, above = [], False
     for arm, g in df.groupby("arm"):
@@ -56,21 +78,21 @@ def best_gamma_claim(sweep: Sweep, best: pd.DataFrame, metric: str) -> Claim:
         g1 = near[np.argmin(np.abs(near - 1))]
         for other in gammas[gammas != g1]:
             above |= other > g1
-            comp = compare(g[np.isclose(g["gamma"], g1)], g[np.isclose(g["gamma"], other)], metric)
+            comp = compare(g[np.isclose(g["gamma"], g1)], g[np.isclose(g["gamma"], other)], metric, curve=LOSS_CURVE)
             comps.append(comp)
-            _record(c, f"{arm}: γ={g1:g} vs γ={other:g}", comp)
-    c.verdict, c.reason = verdict(comps, A_LOWER)
+            _record(c, f"{arm}: γ={g1:g} vs γ={other:g}", comp, A_LOWER)
+    c.decide(comps, A_LOWER)
     if not comps:
         c.reason = f"no arm has γ within {NEAR_ONE} of 1 and another γ to compare"
-    elif c.verdict == "supported" and not above:
-        c.verdict, c.reason = "not enough data", "γ ≈ 1 beats every smaller γ, but no γ > 1 was swept"
+    elif c.verdict == SUPPORTED and not above:
+        c.verdict, c.reason = INCONCLUSIVE, "γ ≈ 1 beats every smaller γ, but no γ > 1 was swept"
     return c
 
 
 def eps_claim(sweep: Sweep, metric: str, sat_init: pd.DataFrame) -> Claim:
     c = Claim("eps = 1e-12 helps at small init", "lowering RMSNorm eps from 1e-5 to 1e-12 removes norm saturation "
               "under small init (the effect needs width; RESEARCH.md: damping ~0.93 at d=128, ~0.15 at d=2048)",
-              "not enough data", "")
+              NOT_RUN, "")
     df = sweep.complete
     keys = ["size", "gamma", *[k for k in sweep.setting_cols if k != "eps"]]
     comps = []
@@ -79,13 +101,13 @@ def eps_claim(sweep: Sweep, metric: str, sat_init: pd.DataFrame) -> Claim:
         if len(eps) < 2:
             continue
         lo, hi = g[np.isclose(g["eps"], eps[0])], g[np.isclose(g["eps"], eps[-1])]
-        comp = compare(lo, hi, metric)
+        comp = compare(lo, hi, metric, curve=LOSS_CURVE)
         comps.append(comp)
-        _record(c, f"{key[0]}, γ={key[1]:g}: eps={eps[0]:g} vs eps={eps[-1]:g}", comp)
+        _record(c, f"{key[0]}, γ={key[1]:g}: eps={eps[0]:g} vs eps={eps[-1]:g}", comp, A_LOWER)
         s = sat_init[sat_init["identity"].isin(hi["identity"])]["init"]
         if not s.empty:
             c.evidence.append(f"  saturation at step 0 with eps={eps[-1]:g}: {s.mean():.3f} (1 = eps has no effect)")
-    c.verdict, c.reason = verdict(comps, A_LOWER)
+    c.decide(comps, A_LOWER)
     if not comps:
         c.reason = "no small-init (γ ≥ 1) arm was run at two eps values"
     return c
@@ -94,7 +116,7 @@ def eps_claim(sweep: Sweep, metric: str, sat_init: pd.DataFrame) -> Claim:
 def gate_claim(sweep: Sweep, metric: str) -> Claim:
     c = Claim("The gate reduces the attention sink and lowers loss with small init",
               "a query-dependent output gate suppresses first-token attention (Qiu et al.: 46.7% → 4.8%) "
-              "and unlocks small init's gain", "not enough data", "")
+              "and unlocks small init's gain", NOT_RUN, "")
     df = sweep.complete
     keys = ["size", "gamma", *[k for k in sweep.setting_cols if k != "gate"]]
     sink, loss = [], []
@@ -104,38 +126,39 @@ def gate_claim(sweep: Sweep, metric: str) -> Claim:
         base = g[g["gate"] == "none"]
         for gate in sorted(set(g["gate"]) - {"none"}):
             a = g[g["gate"] == gate]
-            cs, cl = compare(a, base, "attn_sink"), compare(a, base, metric)
+            cs, cl = compare(a, base, "attn_sink"), compare(a, base, metric, curve=LOSS_CURVE)
             sink.append(cs)
             loss.append(cl)
-            _record(c, f"{key[0]}, γ={key[1]:g}: gate={gate} vs none (attention sink)", cs, unit="of attention")
-            _record(c, f"{key[0]}, γ={key[1]:g}: gate={gate} vs none (loss)", cl)
+            _record(c, f"{key[0]}, γ={key[1]:g}: gate={gate} vs none (attention sink)", cs, A_LOWER, unit="of attention")
+            _record(c, f"{key[0]}, γ={key[1]:g}: gate={gate} vs none (loss)", cl, A_LOWER)
     if not sink:
         c.reason = "no small-init arm was run both with and without the gate (add attn=none,elementwise)"
         return c
-    vs, rs = verdict(sink, A_LOWER)
+    vs, rs = verdict(sink, A_LOWER, "of attention")
     vl, rl = verdict(loss, A_LOWER)
     c.evidence.insert(0, f"sink: {vs} ({rs}); loss: {vl} ({rl})")
-    if vs == vl == "supported":
-        c.verdict, c.reason = "supported", "both the sink and the loss drop beyond their seed spread"
-    elif "not supported" in (vs, vl):
-        c.verdict, c.reason = "not supported", f"sink: {rs}; loss: {rl}"
+    if vs == vl == SUPPORTED:
+        c.verdict, c.reason = SUPPORTED, "both the sink and the loss drop beyond their seed spread"
+    elif CONTRADICTED in (vs, vl):
+        c.verdict, c.reason = CONTRADICTED, f"sink: {rs}; loss: {rl}"
     else:
-        c.verdict, c.reason = "not enough data", f"sink: {rs}; loss: {rl}"
+        c.verdict, c.reason = INCONCLUSIVE, f"sink: {rs}; loss: {rl}"
+        c.excluded = largest_excluded(loss)
     return c
 
 
 def token_claim(token_results: list, why_not: str | None) -> Claim:
     c = Claim("Gains concentrate on moderate-to-hard tokens",
               "the symmetric probability gap Δ_sym sits on tokens of moderate-to-high difficulty",
-              "not enough data", why_not or "")
+              NOT_RUN, why_not or "")
     comps = []
     for tr in token_results:
-        _record(c, f"{tr.size}: mean Δ_sym, all tokens", tr.overall, unit="", what="Δ_sym")
-        _record(c, f"{tr.size}: mean Δ_sym, moderate-to-hard (top 3 quintiles)", tr.hard, unit="", what="Δ_sym")
-        _record(c, f"{tr.size}: hard minus easy", tr.hard_minus_easy, unit="", what="Δ_sym(hard) − Δ_sym(easy)")
+        _record(c, f"{tr.size}: mean Δ_sym, all tokens", tr.overall, A_HIGHER, unit="", what="Δ_sym")
+        _record(c, f"{tr.size}: mean Δ_sym, moderate-to-hard (top 3 quintiles)", tr.hard, A_HIGHER, unit="", what="Δ_sym")
+        _record(c, f"{tr.size}: hard minus easy", tr.hard_minus_easy, A_HIGHER, unit="", what="Δ_sym(hard) − Δ_sym(easy)")
         comps += [tr.hard, tr.hard_minus_easy]
     if comps:
-        c.verdict, c.reason = verdict(comps, A_HIGHER)
+        c.decide(comps, A_HIGHER, unit="(Δ_sym)")
         c.evidence.insert(0, f"A = {token_results[0].variant_a}; B = {token_results[0].variant_b}")
     return c
 
@@ -144,7 +167,7 @@ def condensation_claim(traj: pd.DataFrame) -> Claim:
     from .mechanism import CONDENSE_REL, EXPAND_REL
 
     c = Claim("Small init condenses, then expands", "under small init rows first align (high |cos|, low stable rank) "
-              "and later spread out; γ = 0.5 starts diffuse and changes slowly", "not enough data", "")
+              "and later spread out; γ = 0.5 starts diffuse and changes slowly", NOT_RUN, "")
     if traj.empty:
         c.reason = "no probe curves with ≥ 3 logged probes from step 0 (set train.probe_every)"
         return c
@@ -161,35 +184,39 @@ def condensation_claim(traj: pd.DataFrame) -> Claim:
     if small.empty:
         c.reason = "no small-init (γ ≥ 1) trial has probe curves"
         return c
+    c.verdict = INCONCLUSIVE
     k, n = int(small["pattern"].sum()), len(small)
     counts = small["status"].value_counts()
     seen = "; ".join(f"{v}/{n} {s}" for s, v in counts.items())
     bigger_rise = std.empty or small["rise"].mean() > std["rise"].mean()
     rule = f"rule: |cos| rises > {CONDENSE_REL:.0%} above step 0, then falls back > {EXPAND_REL:.0%} of the rise"
     if small["seed"].nunique() < 2:
-        c.verdict, c.reason = "not enough data", f"one seed ({seen}; {rule})"
+        c.verdict, c.reason = INCONCLUSIVE, f"one seed ({seen}; {rule})"
     elif k == n and bigger_rise:
-        c.verdict, c.reason = "supported", f"every small-init trial ({n}) condenses then expands, γ < 1 less; {rule}"
+        c.verdict, c.reason = SUPPORTED, f"every small-init trial ({n}) condenses then expands, γ < 1 less; {rule}"
     elif counts.get("condense, still rising at the end", 0) and k < n:
-        c.verdict, c.reason = "not enough data", (f"{seen}: training stopped before any expansion could show "
-                                                  f"(train longer or probe more often); {rule}")
+        c.verdict, c.reason = INCONCLUSIVE, (f"{seen}: training stopped before any expansion could show "
+                                             f"(train longer or probe more often); {rule}")
     elif k == 0:
-        c.verdict, c.reason = "not supported", f"no small-init trial condenses then expands ({seen}; {rule})"
+        c.verdict, c.reason = CONTRADICTED, f"no small-init trial condenses then expands ({seen}; {rule})"
     else:
-        c.verdict, c.reason = "not enough data", f"mixed: {seen}" + (
+        c.verdict, c.reason = INCONCLUSIVE, f"mixed: {seen}" + (
             "" if bigger_rise else ", and γ < 1 rises as much") + f"; {rule}"
     return c
 
 
 def effective_size_claim(es, recipe: str | None) -> Claim:
     c = Claim("Small init is worth a larger effective model size", "~+44% effective size for γ = 1 with eps = 1e-12 "
-              "and the gate, 0.1B-1.5B params, 1T tokens", "not enough data", "")
+              "and the gate, 0.1B-1.5B params, 1T tokens", NOT_RUN, "")
     if es.status != "fit":
         c.reason = es.status
+        if es.points is not None and len(es.points) >= 3:  # sizes were run, but no fit exists
+            c.verdict = INCONCLUSIVE
         return c
     if recipe is None or es.gains is None or es.gains.empty:
         c.reason = "no variant besides the baseline"
         return c
+    c.verdict = INCONCLUSIVE
     g = es.gains[es.gains["variant"] == recipe]
     c.evidence.append(f"fit on baseline γ={es.baseline_gamma:g} ({es.baseline_setting}): "
                       f"L = {es.fit.E:.3f} + {es.fit.A:.3g}·N^-{es.fit.alpha:.3f}")
@@ -210,15 +237,18 @@ def effective_size_claim(es, recipe: str | None) -> Claim:
     if not statuses:
         c.reason = f"the recipe variant ({recipe}) was not run at a fitted size"
     elif "loss" in statuses:
-        c.verdict, c.reason = "not supported", "the effective size is smaller, beyond the seed spread"
+        c.verdict, c.reason = CONTRADICTED, "the effective size is smaller, beyond the seed spread"
     elif all(s == "gain" for s in statuses):
-        c.verdict, c.reason = "supported", "the gain's 95% seed-bootstrap interval excludes 0 at every size"
+        c.verdict, c.reason = SUPPORTED, "the gain's 95% seed-bootstrap interval excludes 0 at every size"
     elif "one seed" in statuses:
-        c.verdict, c.reason = "not enough data", "one seed (the interval covers evaluation noise only)"
+        c.reason = "one seed (the interval covers evaluation noise only)"
     elif "no interval" in statuses:
-        c.verdict, c.reason = "not enough data", "one seed and no per-token losses: no interval"
+        c.reason = "one seed and no per-token losses: no interval"
     else:
-        c.verdict, c.reason = "not enough data", "the gain's interval includes 0"
+        within = g[(g["gain_lo"] <= 0) & (g["gain_hi"] >= 0)] if "gain_lo" in g else g.iloc[:0]
+        x = float(np.nanmax(np.maximum(within["gain_lo"].abs(), within["gain_hi"].abs()))) if not within.empty else None
+        c.excluded = x
+        c.reason = "the gain's interval includes 0" + (f": |gain| > {100 * x:.0f}% excluded" if x is not None else "")
     return c
 
 
@@ -226,7 +256,7 @@ def recipe_claim(sweep: Sweep, base_variant: str | None, recipe: str | None, met
     """The recipe against the baseline at each size where both ran, paired by seed."""
     c = Claim("The small-init recipe lowers loss at every size, dense and MoE",
               "γ = 1 with eps = 1e-12 and the gate reaches a lower loss than γ = 0.5 with eps = 1e-5 at every size "
-              "(the source of the effective-size gain), for dense and MoE models", "not enough data", "")
+              "(the source of the effective-size gain), for dense and MoE models", NOT_RUN, "")
     df = sweep.complete
     if base_variant is None or recipe is None:
         c.reason = "needs the baseline γ = 0.5 and a γ ≈ 1 variant in one sweep (e.g. arm=baseline,small)"
@@ -237,10 +267,10 @@ def recipe_claim(sweep: Sweep, base_variant: str | None, recipe: str | None, met
         b = df[(df["size"] == size) & (df["variant"] == base_variant)]
         if a.empty or b.empty:
             continue
-        comp = compare(a, b, metric)
+        comp = compare(a, b, metric, curve=LOSS_CURVE)
         comps.append(comp)
-        _record(c, f"{size}: {recipe} vs {base_variant}", comp)
-    c.verdict, c.reason = verdict(comps, A_LOWER)
+        _record(c, f"{size}: {recipe} vs {base_variant}", comp, A_LOWER)
+    c.decide(comps, A_LOWER)
     if not comps:
         c.reason = f"{recipe} and {base_variant} never ran at the same size"
     return c
@@ -248,7 +278,7 @@ def recipe_claim(sweep: Sweep, base_variant: str | None, recipe: str | None, met
 
 def residual_claim(slopes: pd.DataFrame) -> Claim:
     c = Claim("The update-to-stream ratio scales as d^(1−γ): width-independent only at γ = 1",
-              "the residual update scales like d^(1−γ) relative to the identity path", "not enough data", "")
+              "the residual update scales like d^(1−γ) relative to the identity path", NOT_RUN, "")
     if slopes.empty:
         c.reason = "residual balance not computed"
         return c
@@ -257,11 +287,11 @@ def residual_claim(slopes: pd.DataFrame) -> Claim:
     c.numbers = slopes.to_dict("records")
     off = (slopes["measured"] - slopes["predicted"]).abs()
     if len(slopes) < 2:
-        c.reason = "one γ only"
+        c.verdict, c.reason = INCONCLUSIVE, "one γ only"
     elif slopes["widths"].min() < 3:
-        c.reason = "fewer than three widths: a slope from two points says little (pass --widths 64,128,...,2048)"
+        c.verdict, c.reason = INCONCLUSIVE, "fewer than three widths: a slope from two points says little (pass --widths 64,128,...,2048)"
     elif (off <= SLOPE_TOL).all():
-        c.verdict, c.reason = "supported", f"every exponent within ±{SLOPE_TOL} of 1−γ (deterministic, at init)"
+        c.verdict, c.reason = SUPPORTED, f"every exponent within ±{SLOPE_TOL} of 1−γ (deterministic, at init)"
     else:
-        c.verdict, c.reason = "not supported", f"exponents off by up to {off.max():.2f} from 1−γ"
+        c.verdict, c.reason = CONTRADICTED, f"exponents off by up to {off.max():.2f} from 1−γ"
     return c

@@ -20,6 +20,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from .tuning import OPTIM_COLS, Tuning, tune
+
 
 class ReportError(Exception):
     """A problem the user can fix; its message is printed as one line."""
@@ -29,13 +31,14 @@ SIZE_COLS = ("model", "d_model", "n_layers")
 SEED_COLS = ("init_seed", "train_seed")
 # Always part of a setting (labels read better with them), whether or not they vary.
 BASE_SETTING_COLS = ("eps", "gate", "norm")
-# Part of a setting only where they vary within the sweep.
-EXTRA_SETTING_COLS = ("ffn", "task", "lr", "tokens")
+# Part of a setting only where they vary within the sweep. The optimiser's lr and weight decay
+# are not: they are tuned per setting (experiments/tuning.py), the init is what is compared.
+EXTRA_SETTING_COLS = ("ffn", "task", "tokens")
 # Swept keys already represented by a resolved column (or by size, gamma, seeds): `seed` sets
 # init.seed and train.seed together, `arm` sets gamma, eps and gate together.
 KNOWN_PARAMS = {
     "init.gamma", "seed", "arm", "init.seed", "train.seed", "norm.eps", "norm", "norm.type", "attn", "attn.gate",
-    "model", "model.d_model", "model.n_layers", "optim.lr", "train.max_tokens", "ffn", "ffn.type",
+    "model", "model.d_model", "model.n_layers", "optim.lr", "optim.weight_decay", "train.max_tokens", "ffn", "ffn.type",
 }
 LOSS = "final_val_loss"
 
@@ -46,8 +49,9 @@ class Sweep:
 
     dirs: list[Path]
     results: pd.DataFrame  # every row of every results.parquet, with a `sweep` column
-    complete: pd.DataFrame  # COMPLETE rows with a finite loss, with size/setting/arm labels
+    complete: pd.DataFrame  # COMPLETE rows with a finite loss, labelled, at each cell's best lr (tuning.py)
     setting_cols: list[str]
+    tuning: Tuning
 
     @property
     def name(self) -> str:
@@ -121,8 +125,8 @@ def load(dirs: list[Path], metric: str = LOSS) -> Sweep:
         raise ReportError(f"{', '.join(str(d) for d in dirs)}: results.parquet has no trials")
     if "identity" in results:
         results = results.drop_duplicates("identity", keep="first").reset_index(drop=True)
-    for col in (*SIZE_COLS, *SEED_COLS, *BASE_SETTING_COLS, *EXTRA_SETTING_COLS, "gamma", "n_params", metric,
-                "state", "fail_reason", "unigram_entropy", "attn_sink", "saturation", "residual_ratio", "wall_s"):
+    for col in (*SIZE_COLS, *SEED_COLS, *BASE_SETTING_COLS, *EXTRA_SETTING_COLS, *OPTIM_COLS, "gamma", "n_params", metric,
+                "state", "fail_reason", "unigram_entropy", "attn_sink", "saturation", "residual_ratio", "wall_s", "dtype"):
         if col not in results:
             results[col] = np.nan
     if metric not in results:
@@ -151,7 +155,9 @@ def load(dirs: list[Path], metric: str = LOSS) -> Sweep:
     done["arm"] = done["size"] + " | " + done["setting"]
     done["variant"] = "γ=" + done["gamma"].map(lambda g: f"{g:g}") + " | " + done["setting"]
     done["seed"] = done["init_seed"].astype(str) + "/" + done["train_seed"].astype(str)
-    return Sweep(dirs=list(dirs), results=results, complete=done.reset_index(drop=True), setting_cols=setting_cols)
+    tuned, tuning = tune(done.reset_index(drop=True), metric)
+    return Sweep(dirs=list(dirs), results=results, complete=tuned.reset_index(drop=True), setting_cols=setting_cols,
+                 tuning=tuning)
 
 
 def size_label(row) -> str:
@@ -207,7 +213,7 @@ def read_snapshot(path: Path) -> dict[str, np.ndarray]:
         return {k: z[k].astype(np.float32) for k in z.files}
 
 
-NUMERIC = ("gamma", "eps", "lr", "tokens", "n_params", "d_model", "n_layers", "init_seed", "train_seed")
+NUMERIC = ("gamma", "eps", "lr", "weight_decay", "tokens", "n_params", "d_model", "n_layers", "init_seed", "train_seed")
 
 
 def select(df: pd.DataFrame, spec: str) -> pd.Series:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
-VERDICT_CLASS = {"supported": "ok", "not supported": "bad", "not enough data": "na"}
+VERDICT_CLASS = {"supported": "ok", "contradicted": "bad", "inconclusive": "na", "not run": "na"}
 
 
 @dataclass

@@ -23,6 +23,7 @@ import pandas as pd
 from . import anchor as anchor_mod
 from . import claims as claims_mod
 from . import figures as F
+from . import protocol
 from .importance import importances
 from .load import LOSS, ReportError, Sweep, load, recipe_variant, resolve_dirs, variant_of
 from .mechanism import balance_slopes, heatmap_panels, probe_curves, residual_balance, trajectories
@@ -30,6 +31,7 @@ from .render import Block, to_html, to_markdown
 from .scaling import effective_size
 from .stats import compare
 from .tokens import analyse
+from .width import width_trend
 
 PAPER_PARAMS = (0.1e9, 1.5e9)
 PAPER_TOKENS = 1e12
@@ -99,6 +101,9 @@ def scale_table(sweep: Sweep) -> tuple[pd.DataFrame, dict]:
             "γ": ", ".join(f"{x:g}" for x in sorted(g["gamma"].unique())),
             "eps": ", ".join(f"{x:g}" for x in sorted(g["eps"].unique())),
             "gate": ", ".join(sorted(g["gate"].unique())),
+            "lr": ", ".join(f"{x:g}" for x in sorted(sweep.tuning.all_trials.loc[
+                sweep.tuning.all_trials["size"] == size, "lr"].dropna().unique())),
+            "dtype": ", ".join(sorted(str(x) for x in g["dtype"].dropna().unique())) or "not recorded",
         })
     n_max = float(done["n_params"].max())
     t_max = float(done["tokens"].max()) if done["tokens"].notna().any() else float("nan")
@@ -187,6 +192,7 @@ def build(dirs: list[Path], out_root: Path = Path("reports"), baseline_gamma: fl
 
     # --- claims --------------------------------------------------------------------------------
     anchor = anchor_mod.has_anchor(df)
+    trend = width_trend(df, recipe, base_variant, metric)
     if anchor:  # the anchor task's loss is not a language-modelling loss: only its own claim applies
         claims = [anchor_mod.anchor_claim(df), claims_mod.residual_claim(slopes)]
     else:
@@ -198,8 +204,12 @@ def build(dirs: list[Path], out_root: Path = Path("reports"), baseline_gamma: fl
             claims_mod.token_claim(token_results, token_why),
             claims_mod.condensation_claim(traj),
             claims_mod.effective_size_claim(es, recipe),
+            protocol.width_claim(trend),
             claims_mod.residual_claim(slopes),
         ]
+    tuning_blocks, tuning_summary = protocol.tuning_section(sweep, figs, metric)
+    budget_blocks, budget_summary = protocol.budget_section(sweep, claims, figs)
+    width_blocks, width_summary = protocol.width_section(trend, figs) if not anchor else ([], None)
 
     # === the page ==============================================================================
     add(Block("h1", f"smallinit report: {sweep.name}"))
@@ -219,6 +229,7 @@ def build(dirs: list[Path], out_root: Path = Path("reports"), baseline_gamma: fl
                           "no model has learned more than token frequencies, so differences between arms say little "
                           "about the paper's claims. Train longer (train.max_tokens) before reading the verdicts."))
     add(Block("table", scale, "What was run, per model size."))
+    blocks += tuning_blocks
     failed = sweep.results[sweep.results["state"] == "FAIL"]
     if not failed.empty:
         add(Block("p", f"{len(failed)} trial(s) failed:"))
@@ -227,6 +238,7 @@ def build(dirs: list[Path], out_root: Path = Path("reports"), baseline_gamma: fl
     add(Block("h2", "The paper's claims, as this data supports them"))
     add(Block("verdicts", pd.DataFrame([dict(claim=c.claim, verdict=c.verdict, why=c.reason) for c in claims]),
               "Details and numbers under 'Evidence for each claim' at the end."))
+    blocks += budget_blocks
 
     add(Block("h2", "Loss against γ, per arm"))
     add(Block("p", "An arm is a model size with a setting (eps, gate, norm and any other swept key); γ varies along "
@@ -249,6 +261,7 @@ def build(dirs: list[Path], out_root: Path = Path("reports"), baseline_gamma: fl
     if anchor:
         blocks += anchor_mod.blocks(phase, figs)
 
+    blocks += width_blocks
     add(Block("h2", "Effective model size"))
     add(Block("p", "Fit L(N) = E + A·N^-α to the baseline variant over the sizes present; a variant with loss L at "
                    "size N matches a baseline of N_eff = (A/(L − E))^(1/α) parameters, a gain of N_eff/N − 1. "
@@ -363,10 +376,12 @@ def build(dirs: list[Path], out_root: Path = Path("reports"), baseline_gamma: fl
         add(Block("figure", figs.save(F.importances(imps), "importances", "Parameter importances per searched study.")))
 
     add(Block("h2", "Evidence for each claim"))
-    add(Block("p", "Rule: arms are compared paired by seed (init_seed, train_seed); a difference is real only when its "
-                   "95% t-interval excludes 0. Supported = every comparison real in the predicted direction; not "
-                   "supported = one real in the opposite direction, or none beyond the spread with ≥ 5 seeds; "
-                   "otherwise not enough data (one seed decides nothing)."))
+    add(Block("p", "Rule: arms are compared paired by seed (init_seed, train_seed), each at its own best lr when the "
+                   "sweep has an lr axis; a difference is real only when its 95% t-interval excludes 0 and the sign "
+                   "of the mean gap held over the last quarter of training. Supported = every comparison real in the "
+                   "predicted direction; contradicted = one real in the opposite direction; inconclusive = the rest "
+                   "(one seed, a ranking still changing, or a null: then the effects larger than the interval's far "
+                   "end are what the data excludes); not run = the sweep has nothing to compare."))
     for c in claims:
         add(Block("h3", f"{c.claim} — {c.verdict}"))
         add(Block("p", f"Paper: {c.paper}. Verdict: {c.verdict} ({c.reason})."))
@@ -395,6 +410,7 @@ def build(dirs: list[Path], out_root: Path = Path("reports"), baseline_gamma: fl
         residual_balance=dict(slopes=slopes.to_dict("records"), data=rb.to_dict("records")),
         importances=dict(values=imps, notes=imp_notes),
         anchor=None if phase is None else phase.to_dict("records"),
+        tuning=tuning_summary, budget=budget_summary, width_trend=width_summary,
         claims=[c.as_dict() for c in claims],
         figures=figs.as_dicts(),
         build_s=time.time() - t0,

@@ -4,6 +4,15 @@ At CPU scale arms differ by a few hundredths of a nat and one seed to another ca
 more, so two arms are compared on the seeds they share (same init noise, same data order):
 d_s = value_A(s) - value_B(s). The difference is called real only when the 95% t-interval of
 mean(d_s) excludes 0. One shared seed decides nothing.
+
+A ranking read while the gap is still moving ranks learning speed, not end points: where the
+trials logged validation loss during training, the paired gap is computed at every evaluation,
+and a comparison counts only if the sign of the mean gap held over the last quarter of
+training (SETTLE_FRACTION).
+
+Verdicts: supported (every comparison real in the predicted direction, rankings settled),
+contradicted (one real and settled in the opposite direction), inconclusive (the rest, with
+the smallest effect the data excludes), not run (nothing to compare).
 """
 
 from __future__ import annotations
@@ -15,15 +24,18 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from .load import SEED_COLS
+from .load import SEED_COLS, read_metrics
+from .tuning import OPTIM_COLS
 
 ONE_SEED = "one seed"
 WITHIN = "within spread"
 A_LOWER = "A lower"
 A_HIGHER = "A higher"
-# With this many seed pairs a difference still inside its spread counts against a claim;
-# with fewer it only means the data cannot tell.
-POWERED_PAIRS = 5
+
+SUPPORTED, CONTRADICTED, INCONCLUSIVE, NOT_RUN = "supported", "contradicted", "inconclusive", "not run"
+VERDICTS = (SUPPORTED, CONTRADICTED, INCONCLUSIVE, NOT_RUN)
+# The ranking must hold over this last fraction of training to count.
+SETTLE_FRACTION = 0.25
 
 
 @dataclass
@@ -36,9 +48,27 @@ class Comparison:
     hi: float
     paired: bool
     status: str  # ONE_SEED | WITHIN | A_LOWER | A_HIGHER
+    # The paired gap at every evaluation ({step, n, diff, lo, hi}), when the trials logged it.
+    over_training: list[dict] | None = None
+    # True: the sign of the mean gap held over the last quarter; False: it changed there;
+    # None: not checked (no curves, or fewer than two evaluations in the last quarter).
+    settled: bool | None = None
+    settle_note: str = ""
+    # The optimiser settings each side was compared at (each arm's own best, tuning.py).
+    optim_a: dict | None = None
+    optim_b: dict | None = None
+
+    @property
+    def excluded(self) -> float:
+        """The smallest |effect| the 95% interval rules out: every effect beyond max(|lo|, |hi|)."""
+        if not (math.isfinite(self.lo) and math.isfinite(self.hi)):
+            return float("nan")
+        return max(abs(self.lo), abs(self.hi))
 
     def as_dict(self) -> dict:
-        return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in asdict(self).items()}
+        d = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in asdict(self).items()}
+        d["excluded"] = None if not math.isfinite(self.excluded) else self.excluded
+        return d
 
     def text(self, unit: str = "nats") -> str:
         if self.n == 0:
@@ -46,7 +76,23 @@ class Comparison:
         if self.status == ONE_SEED:
             return f"{self.diff:+.4f} {unit} (one seed: no interval)"
         kind = "paired" if self.paired else "unpaired"
-        return f"{self.diff:+.4f} {unit} [{self.lo:+.4f}, {self.hi:+.4f}] ({kind}, n={self.n})"
+        txt = f"{self.diff:+.4f} {unit} [{self.lo:+.4f}, {self.hi:+.4f}] ({kind}, n={self.n})"
+        if self.optim_a or self.optim_b:
+            txt += f"; at {_optim_text(self.optim_a)} vs {_optim_text(self.optim_b)}"
+        if self.settle_note:
+            txt += f"; {self.settle_note}"
+        return txt
+
+
+def _optim_text(optim: dict | None) -> str:
+    if not optim:
+        return "?"
+    return ", ".join(f"{k} {'/'.join(f'{v:g}' for v in vs)}" for k, vs in optim.items())
+
+
+def _optim_of(frame: pd.DataFrame) -> dict | None:
+    out = {c: sorted(float(v) for v in frame[c].dropna().unique()) for c in OPTIM_COLS if c in frame}
+    return {k: v for k, v in out.items() if v} or None
 
 
 def t_interval(d: np.ndarray) -> tuple[float, float, float]:
@@ -75,10 +121,21 @@ def from_diffs(d, mean_a: float = float("nan"), mean_b: float = float("nan")) ->
     return Comparison(len(d), mean_a, mean_b, m, lo, hi, True, _status(len(d), lo, hi))
 
 
-def compare(a: pd.DataFrame, b: pd.DataFrame, value: str, pair_cols=SEED_COLS) -> Comparison:
-    """value(A) - value(B), paired on the seeds both have; unpaired (Welch) if they share none."""
+def compare(a: pd.DataFrame, b: pd.DataFrame, value: str, pair_cols=SEED_COLS, curve: str | None = None) -> Comparison:
+    """value(A) - value(B), paired on the seeds both have; unpaired (Welch) if they share none.
+    With `curve` (a metrics.jsonl key such as "val/loss"), also the paired gap over training
+    and whether its ranking settled."""
     a = a[np.isfinite(a[value].astype(float))]
     b = b[np.isfinite(b[value].astype(float))]
+    c = _compare(a, b, value, pair_cols)
+    c.optim_a, c.optim_b = _optim_of(a), _optim_of(b)
+    if curve and c.paired and c.n > 0:
+        c.over_training = gap_over_training(a, b, curve, pair_cols)
+        c.settled, c.settle_note = settled(c.over_training)
+    return c
+
+
+def _compare(a: pd.DataFrame, b: pd.DataFrame, value: str, pair_cols) -> Comparison:
     if a.empty or b.empty:
         nan = float("nan")
         return Comparison(0, nan, nan, nan, nan, nan, True, ONE_SEED)
@@ -104,24 +161,113 @@ def compare(a: pd.DataFrame, b: pd.DataFrame, value: str, pair_cols=SEED_COLS) -
                       _status(n, diff - half, diff + half))
 
 
-def verdict(comparisons: list[Comparison], want: str) -> tuple[str, str]:
+def _curves(frame: pd.DataFrame, key: str, pair_cols) -> pd.DataFrame:
+    """Per seed pair and step: the mean of `key` over the frame's trials with that seed."""
+    rows = []
+    for _, r in frame.iterrows():
+        m = _read_metrics(r.get("metrics_path"))
+        if m.empty or key not in m:
+            continue
+        m = m[["step", key]].dropna()
+        rows.append(m.assign(**{c: r[c] for c in pair_cols}))
+    if not rows:
+        return pd.DataFrame()
+    return pd.concat(rows).groupby([*pair_cols, "step"])[key].mean()
+
+
+_METRICS_CACHE: dict[str, pd.DataFrame] = {}
+
+
+def _read_metrics(path) -> pd.DataFrame:
+    if not isinstance(path, str):
+        return pd.DataFrame()
+    if path not in _METRICS_CACHE:
+        _METRICS_CACHE[path] = read_metrics(path)
+    return _METRICS_CACHE[path]
+
+
+def gap_over_training(a: pd.DataFrame, b: pd.DataFrame, key: str, pair_cols=SEED_COLS) -> list[dict] | None:
+    """The paired gap A - B at every evaluation both sides logged, with its 95% interval."""
+    ca, cb = _curves(a, key, list(pair_cols)), _curves(b, key, list(pair_cols))
+    if len(ca) == 0 or len(cb) == 0:
+        return None
+    joined = pd.concat({"a": ca, "b": cb}, axis=1).dropna()
+    if joined.empty:
+        return None
+    out = []
+    for step, g in joined.groupby(level="step"):
+        m, lo, hi = t_interval((g["a"] - g["b"]).to_numpy())
+        out.append(dict(step=int(step), n=len(g), diff=m, lo=lo if math.isfinite(lo) else None,
+                        hi=hi if math.isfinite(hi) else None))
+    return out
+
+
+def settled(trend: list[dict] | None, fraction: float = SETTLE_FRACTION) -> tuple[bool | None, str]:
+    """Did the sign of the mean gap hold over the last `fraction` of training?"""
+    if not trend:
+        return None, "no gap over training (no logged validation curves)"
+    last = trend[-1]["step"]
+    tail = [t for t in trend if t["step"] >= (1 - fraction) * last and t["step"] > 0]
+    if len(tail) < 2:
+        return None, (f"ranking over the last {fraction:.0%} of training not checked: {len(tail)} evaluation(s) "
+                      "there (evaluate more often)")
+    sign = np.sign(last_diff := trend[-1]["diff"])
+    flips = [t["step"] for t in tail if np.sign(t["diff"]) != sign]
+    if flips:
+        return False, (f"ranking still changing: the mean gap had the other sign at step {flips[-1]} of {last} "
+                       f"(final {last_diff:+.4f})")
+    return True, f"ranking held over the last {fraction:.0%} of training ({len(tail)} evaluations)"
+
+
+def outcome(c: Comparison, want: str) -> str:
+    """One comparison's own verdict."""
+    against = A_HIGHER if want == A_LOWER else A_LOWER
+    if c.n == 0:
+        return NOT_RUN
+    if c.status == ONE_SEED or c.settled is False or (c.over_training is not None and c.settled is None):
+        return INCONCLUSIVE
+    if c.status == against:
+        return CONTRADICTED
+    if c.status == want:
+        return SUPPORTED
+    return INCONCLUSIVE
+
+
+def verdict(comparisons: list[Comparison], want: str, unit: str = "nats") -> tuple[str, str]:
     """Aggregate comparisons that a claim predicts all come out `want` (A_LOWER or A_HIGHER).
 
-    supported: every one is real in the predicted direction. not supported: one is real the
-    other way, or (with >= POWERED_PAIRS seeds) stays inside its spread. Otherwise not enough
-    data, saying why."""
+    supported: every one is real, settled and in the predicted direction. contradicted: one is
+    real and settled in the opposite direction. not run: none. Otherwise inconclusive, saying
+    why and which effects the data excludes."""
     if not comparisons:
-        return "not enough data", "no arms to compare"
-    against = A_HIGHER if want == A_LOWER else A_LOWER
-    if any(c.status == against for c in comparisons):
-        return "not supported", "a difference is real in the opposite direction"
-    if all(c.status == want for c in comparisons):
-        return "supported", "every difference exceeds its seed spread in the predicted direction"
-    if all(c.status == ONE_SEED for c in comparisons):
-        return "not enough data", "one seed"
-    weak = [c for c in comparisons if c.status in (WITHIN, ONE_SEED)]
-    if all(c.n >= POWERED_PAIRS for c in weak if c.status == WITHIN) and not any(c.status == ONE_SEED for c in weak):
-        return "not supported", f"no difference beyond the seed spread (n >= {POWERED_PAIRS} seeds)"
-    if any(c.status == ONE_SEED for c in weak):
-        return "not enough data", "one seed for some comparisons, and the rest not all real"
-    return "not enough data", f"difference within the seed spread (n = {min(c.n for c in weak)} seeds)"
+        return NOT_RUN, "no arms to compare"
+    outcomes = [outcome(c, want) for c in comparisons]
+    if CONTRADICTED in outcomes:
+        k = outcomes.count(CONTRADICTED)
+        return CONTRADICTED, (f"{k} of {len(comparisons)} difference(s) real in the opposite direction, "
+                              "the ranking settled over the last quarter of training")
+    if all(o == SUPPORTED for o in outcomes):
+        return SUPPORTED, "every difference exceeds its seed spread in the predicted direction, rankings settled"
+    why = []
+    one = [c for c in comparisons if c.status == ONE_SEED]
+    moving = [c for c in comparisons if c.settled is False and c.status != ONE_SEED]
+    unchecked = [c for c in comparisons if c.over_training is not None and c.settled is None and c.status != ONE_SEED]
+    nulls = [c for c in comparisons if c.status == WITHIN and c not in moving and c not in unchecked]
+    if one:
+        why.append(f"{len(one)} with one seed (no interval)")
+    if moving:
+        why.append(f"{len(moving)} with the ranking still changing in the last quarter of training")
+    if unchecked:
+        why.append(f"{len(unchecked)} whose last-quarter ranking was not checked")
+    if nulls:
+        x = max(c.excluded for c in nulls)
+        why.append(f"{len(nulls)} within the seed spread (n = {min(c.n for c in nulls)}-{max(c.n for c in nulls)} pairs): "
+                   f"|effect| > {x:.3g} {unit} excluded".replace("  ", " "))
+    return INCONCLUSIVE, "; ".join(why) or "not every difference is real"
+
+
+def largest_excluded(comparisons: list[Comparison]) -> float | None:
+    """For an inconclusive claim: the |effect| beyond which every null comparison rules it out."""
+    xs = [c.excluded for c in comparisons if c.status == WITHIN and math.isfinite(c.excluded)]
+    return max(xs) if xs else None
+

@@ -40,7 +40,7 @@ def synthetic_anchor_sweep(root: Path, small_infers: bool, seeds=2, depths=(2, 3
     return d
 
 
-@pytest.mark.parametrize("small_infers,expected", [(True, "supported"), (False, "not supported")])
+@pytest.mark.parametrize("small_infers,expected", [(True, "supported"), (False, "contradicted")])
 def test_anchor_claim_reads_the_phase_diagram(tmp_path, small_infers, expected):
     sweep = load([synthetic_anchor_sweep(tmp_path, small_infers)])
     c = anchor_mod.anchor_claim(sweep.complete)
@@ -49,7 +49,7 @@ def test_anchor_claim_reads_the_phase_diagram(tmp_path, small_infers, expected):
     # A γ that did not learn the seen pairs is left out, and says so.
     unlearned = sweep.complete.assign(anchor_in_dist_acc=np.where(sweep.complete["gamma"] == 0.5, 0.02, 0.98))
     left_out = anchor_mod.anchor_claim(unlearned)
-    assert left_out.verdict == "not enough data" and "fewer than two γ learned" in left_out.reason
+    assert left_out.verdict == "inconclusive" and "fewer than two γ learned" in left_out.reason
     assert any("left out" in e for e in left_out.evidence)
     table = anchor_mod.phase_table(sweep.complete)
     assert len(table) == 6 and set(table["seeds"]) == {2}
@@ -71,7 +71,7 @@ def test_recipe_claim_pairs_recipe_and_baseline_per_size(tmp_path):
     recipe = df[df["gamma"] == 1.0]["variant"].iloc[0]
     c = claims_mod.recipe_claim(sweep, base, recipe, "final_val_loss")
     assert c.verdict == "supported" and len(c.numbers) == 4 and all(n["n"] == 3 for n in c.numbers)
-    assert claims_mod.recipe_claim(sweep, None, recipe, "final_val_loss").verdict == "not enough data"
+    assert claims_mod.recipe_claim(sweep, None, recipe, "final_val_loss").verdict == "not run"
 
 
 def test_paired_seed_and_arm_overrides_are_not_settings(tmp_path):
@@ -106,4 +106,4 @@ def test_no_effective_size_when_a_larger_baseline_is_not_better(tmp_path):
     df.to_parquet(d / "results.parquet")
     es = effective_size(load([d]), baseline_gamma=0.5, n_boot=20)
     assert es.status != "fit" and "does not fall with model size" in es.status and es.gains is None
-    assert claims_mod.effective_size_claim(es, None).verdict == "not enough data"
+    assert claims_mod.effective_size_claim(es, None).verdict == "inconclusive"

@@ -1,0 +1,147 @@
+"""The width trend: does the recipe's gap to the baseline change with width?
+
+The paper's argument is that the residual update scales like d^(1-gamma) relative to the
+stream, so small init's balance against the standard init changes with width. At each width
+(same depth) the recipe and the baseline are compared at their own best lr (tuning.py), paired
+by seed: gap_s(d) = loss_recipe(s, d) - loss_baseline(s, d). The trend is fitted per seed,
+gap_s(d) = a_s + b_s ln d, and the slope's 95% t-interval is taken over seeds: the same rule
+(paired by seed) as every other comparison. The crossover width is where the mean fit is 0;
+its interval is the set of widths where the seeds' fitted gaps have a 95% interval that
+holds 0 (Fieller's construction), which can be unbounded on either side.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+from scipy import stats as sps
+
+from .stats import A_LOWER, compare, outcome
+
+# Widths over which the crossover band is searched (log-spaced; beyond this it is "unbounded").
+SEARCH_WIDTHS = (8.0, 1e6)
+
+
+@dataclass
+class WidthTrend:
+    status: str  # "fit" or why there is none
+    points: pd.DataFrame = field(default_factory=pd.DataFrame)  # per width: gap and its interval, lrs
+    n_layers: int | None = None
+    seeds: int = 0
+    slope: float = float("nan")  # nats per e-fold of width (per unit of ln d)
+    slope_lo: float = float("nan")
+    slope_hi: float = float("nan")
+    intercept: float = float("nan")
+    per_seed: list[dict] = field(default_factory=list)
+    crossover: float | None = None  # width where the mean fit is 0
+    crossover_lo: float | None = None  # None = unbounded below
+    crossover_hi: float | None = None  # None = unbounded above
+    crossover_note: str = ""
+
+    def as_dict(self) -> dict:
+        out = {k: getattr(self, k) for k in ("status", "n_layers", "seeds", "slope", "slope_lo", "slope_hi",
+                                             "intercept", "per_seed", "crossover", "crossover_lo",
+                                             "crossover_hi", "crossover_note")}
+        out["points"] = self.points.to_dict("records") if not self.points.empty else []
+        return out
+
+
+def _t_interval(x: np.ndarray) -> tuple[float, float, float]:
+    m = float(np.mean(x))
+    if len(x) < 2:
+        return m, float("nan"), float("nan")
+    half = sps.t.ppf(0.975, len(x) - 1) * float(np.std(x, ddof=1)) / math.sqrt(len(x))
+    return m, m - half, m + half
+
+
+def width_trend(df: pd.DataFrame, recipe: str | None, baseline: str | None, metric: str) -> WidthTrend:
+    """df: the lr-optimal complete trials (Sweep.complete)."""
+    if recipe is None or baseline is None:
+        return WidthTrend("needs the baseline and the recipe in one sweep (e.g. arm=baseline,small)")
+    both = df[df["variant"].isin([recipe, baseline])]
+    if both.empty:
+        return WidthTrend("neither the recipe nor the baseline has complete trials")
+    # Fixed depth: the depth with the most widths that ran both arms.
+    widths_by_depth = {}
+    for depth, g in both.groupby("n_layers"):
+        ok = [d for d, gd in g.groupby("d_model") if gd["variant"].nunique() == 2]
+        widths_by_depth[int(depth)] = sorted(ok)
+    depth = max(widths_by_depth, key=lambda k: len(widths_by_depth[k]))
+    widths = widths_by_depth[depth]
+    if len(widths) < 3:
+        return WidthTrend(f"needs both arms at ≥ 3 widths of one depth; have {len(widths)} "
+                          f"({', '.join(map(str, widths)) or 'none'}) at {depth} layers: run +experiment=width_trend",
+                          n_layers=depth)
+    rows, per_seed_gaps = [], {}
+    for d in widths:
+        g = both[(both["n_layers"] == depth) & (both["d_model"] == d)]
+        a, b = g[g["variant"] == recipe], g[g["variant"] == baseline]
+        c = compare(a, b, metric, curve="val/loss")
+        rows.append(dict(d_model=int(d), size=g["size"].iloc[0], n_params_recipe=float(a["n_params"].mean()),
+                         n_params_baseline=float(b["n_params"].mean()), pairs=c.n, gap=c.diff, lo=c.lo, hi=c.hi,
+                         lr_recipe=(c.optim_a or {}).get("lr"), lr_baseline=(c.optim_b or {}).get("lr"),
+                         verdict=outcome(c, A_LOWER), settled=c.settled))
+        ma, mb = a.groupby("seed")[metric].mean(), b.groupby("seed")[metric].mean()
+        for s in ma.index.intersection(mb.index):
+            per_seed_gaps.setdefault(s, {})[int(d)] = float(ma[s] - mb[s])
+    points = pd.DataFrame(rows)
+    # Seeds that ran both arms at every width: each gives its own line.
+    seeds = sorted(s for s, gaps in per_seed_gaps.items() if len(gaps) == len(widths))
+    trend = WidthTrend("fit", points=points, n_layers=depth, seeds=len(seeds))
+    if len(seeds) < 2:
+        trend.status = f"needs ≥ 2 seeds with both arms at every width (have {len(seeds)}): no interval"
+        return trend
+    x = np.log(np.array(widths, dtype=float))
+    coefs = []
+    for s in seeds:
+        y = np.array([per_seed_gaps[s][d] for d in widths])
+        b, a = np.polyfit(x, y, 1)
+        coefs.append((a, b))
+        trend.per_seed.append(dict(seed=s, intercept=float(a), slope=float(b)))
+    a_s, b_s = np.array(coefs).T
+    trend.slope, trend.slope_lo, trend.slope_hi = _t_interval(b_s)
+    trend.intercept = float(a_s.mean())
+    _crossover(trend, a_s, b_s, widths)
+    return trend
+
+
+def _crossover(trend: WidthTrend, a_s: np.ndarray, b_s: np.ndarray, widths: list[int]) -> None:
+    lo_w, hi_w = min(widths), max(widths)
+    if trend.slope != 0 and math.isfinite(trend.slope):
+        trend.crossover = float(math.exp(-trend.intercept / trend.slope))
+    grid = np.linspace(math.log(SEARCH_WIDTHS[0]), math.log(SEARCH_WIDTHS[1]), 2000)
+    holds_zero = []
+    for xv in grid:
+        _, lo, hi = _t_interval(a_s + b_s * xv)
+        holds_zero.append(lo <= 0 <= hi)
+    holds_zero = np.array(holds_zero)
+    if not holds_zero.any():
+        side = "below" if (a_s + b_s * grid[0]).mean() < 0 else "above"
+        trend.crossover_note = (f"the fitted gap stays {side} 0 with its interval over widths "
+                                f"{SEARCH_WIDTHS[0]:g}–{SEARCH_WIDTHS[1]:g}: no crossover")
+        trend.crossover = None
+        return
+    idx = np.flatnonzero(holds_zero)
+    lo_i, hi_i = idx[0], idx[-1]
+    trend.crossover_lo = None if lo_i == 0 else float(math.exp(grid[lo_i]))
+    trend.crossover_hi = None if hi_i == len(grid) - 1 else float(math.exp(grid[hi_i]))
+    band = (f"[{'unbounded' if trend.crossover_lo is None else f'{trend.crossover_lo:,.0f}'}, "
+            f"{'unbounded' if trend.crossover_hi is None else f'{trend.crossover_hi:,.0f}'}]")
+    if trend.crossover is None:
+        trend.crossover_note = f"flat mean fit; widths where the gap's interval holds 0: {band}"
+    elif lo_w <= trend.crossover <= hi_w:
+        trend.crossover_note = f"the fit crosses 0 at d ≈ {trend.crossover:,.0f}, inside the measured range; 95% band {band}"
+    else:
+        trend.crossover_note = (f"the fit crosses 0 at d ≈ {trend.crossover:,.3g}, outside the measured range "
+                                f"{lo_w}–{hi_w} (an extrapolation); 95% band {band}")
+
+
+def width_text(t: WidthTrend) -> str:
+    if t.status != "fit":
+        return f"No width trend: {t.status}."
+    return (f"gap(d) = {t.intercept:+.4f} {t.slope:+.4f}·ln d over d = {', '.join(str(int(d)) for d in t.points['d_model'])} "
+            f"({t.n_layers} layers, {t.seeds} seeds): slope {t.slope:+.4f} nats per e-fold of width, 95% interval "
+            f"[{t.slope_lo:+.4f}, {t.slope_hi:+.4f}]; {t.crossover_note}.")

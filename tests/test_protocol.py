@@ -1,0 +1,187 @@
+"""The comparison protocol on synthetic result tables with known answers: each arm at its own
+best lr (with edge flags), rankings that must hold over the last quarter of training, nulls
+worded as inconclusive with the effect they exclude, and the width trend's fit."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from experiments import claims as claims_mod
+from experiments.load import load
+from experiments.report import best_gamma_table, build
+from experiments.stats import A_LOWER, compare, settled, verdict
+from experiments.width import width_trend
+
+LRS = (1e-3, 3e-3, 1e-2)
+
+
+def _row(**kw) -> dict:
+    base = dict(state="COMPLETE", model="micro", n_params=5_000_000, d_model=256, n_layers=4, eps=1e-12,
+                norm="rmsnorm", gate="none", ffn="dense", task="lm", tokens=100_000, unigram_entropy=7.0,
+                weight_decay=0.1)
+    return {**base, **kw}
+
+
+def _write(root: Path, name: str, rows: list[dict]) -> Path:
+    d = root / name
+    d.mkdir(parents=True)
+    pd.DataFrame(rows).to_parquet(d / "results.parquet")
+    return d
+
+
+def lr_sweep(root: Path, seeds: int = 4) -> Path:
+    """gamma 0.5 is best at lr 3e-3 (5.00); gamma 1 is best at lr 1e-2 (4.90, the grid's
+    edge) but worse than gamma 0.5 at the shared lr 3e-3 (5.20)."""
+    rng = np.random.default_rng(3)
+    means = {(0.5, 1e-3): 5.10, (0.5, 3e-3): 5.00, (0.5, 1e-2): 5.15,
+             (1.0, 1e-3): 5.40, (1.0, 3e-3): 5.20, (1.0, 1e-2): 4.90}
+    rows = []
+    for s in range(seeds):
+        luck = rng.normal(0, 0.01)
+        for (gamma, lr), m in means.items():
+            rows.append(_row(identity=f"{gamma}-{lr}-{s}", gamma=gamma, lr=lr, init_seed=s, train_seed=s,
+                             final_val_loss=m + luck + rng.normal(0, 1e-3)))
+    return _write(root, "lrs", rows)
+
+
+def test_each_setting_is_compared_at_its_own_best_lr(tmp_path):
+    sweep = load([lr_sweep(tmp_path)])
+    t = sweep.tuning
+    assert t.axes == ["lr"]
+    chosen = t.chosen.set_index("gamma")
+    assert chosen.loc[0.5, "lr"] == 3e-3 and not chosen.loc[0.5, "at_edge"]
+    assert chosen.loc[1.0, "lr"] == 1e-2 and chosen.loc[1.0, "at_edge"]  # the largest lr tried: flagged
+    assert "widen it" in t.describe()
+    # At the shared lr 3e-3 gamma 0.5 wins; at each one's own best lr gamma 1 wins: the report picks the latter.
+    fixed = t.all_trials[np.isclose(t.all_trials["lr"], 3e-3)].groupby("gamma")["final_val_loss"].mean()
+    assert fixed.idxmin() == 0.5
+    best = best_gamma_table(sweep.complete, "final_val_loss")
+    assert best["best_gamma"].tolist() == [1.0]
+    c = claims_mod.best_gamma_claim(sweep, best, "final_val_loss")
+    n = c.numbers[0]
+    assert n["optim_a"] == {"lr": [1e-2], "weight_decay": [0.1]} and n["optim_b"]["lr"] == [3e-3]
+    assert n["diff"] == pytest.approx(-0.10, abs=5e-3) and n["verdict"] == "supported"
+
+
+def test_report_names_the_chosen_lr_and_flags_the_edge(tmp_path):
+    out = build([lr_sweep(tmp_path)], tmp_path / "reports", widths=(64, 128), n_boot=20, log=lambda _: None)
+    s = json.loads((out / "summary.json").read_text())
+    chosen = {c["gamma"]: c for c in s["tuning"]["chosen"]}
+    assert chosen[1.0]["lr"] == 1e-2 and chosen[1.0]["at_edge"] and not chosen[0.5]["at_edge"]
+    assert "loss_vs_gamma_by_lr.png" in {f["file"] for f in s["figures"]}
+    md = (out / "report.md").read_text()
+    assert "best at the edge of the grid: widen it" in md
+    best = next(c for c in s["claims"] if c["claim"].startswith("Best γ"))
+    assert all("optim_a" in n and "verdict" in n for n in best["numbers"])
+
+
+def test_without_an_lr_axis_the_report_names_the_one_lr(tmp_path):
+    rows = [_row(identity=f"{g}-{s}", gamma=g, lr=3e-3, init_seed=s, train_seed=s, final_val_loss=5 + g / 10 + s / 100)
+            for g in (0.5, 1.0) for s in range(3)]
+    sweep = load([_write(tmp_path, "one", rows)])
+    assert sweep.tuning.axes == [] and "one optimiser setting (lr = 0.003" in sweep.tuning.describe()
+
+
+def _curve_sweep(root: Path, flip_at: int | None, pairs: int = 5, total: int = 100) -> Path:
+    """A (gamma 1) is 0.05 below B at the end of training, with every seed agreeing; before
+    `flip_at` A was above B. Each trial writes a real metrics.jsonl."""
+    rows = []
+    for s in range(pairs):
+        for gamma in (0.5, 1.0):
+            ident = f"{gamma}-{s}"
+            path = root / "trials" / ident / "metrics.jsonl"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            lines = []
+            for step in range(0, total + 1, 10):
+                b = 8.0 - 2.0 * step / total + 0.01 * s
+                gap = -0.05 if flip_at is None or step >= flip_at else +0.05
+                lines.append(json.dumps({"step": step, "val/loss": b + (gap if gamma == 1.0 else 0.0)}))
+            path.write_text("\n".join(lines) + "\n")
+            final = json.loads(lines[-1])["val/loss"]
+            rows.append(_row(identity=ident, gamma=gamma, lr=3e-3, init_seed=s, train_seed=s, final_val_loss=final,
+                             metrics_path=str(path)))
+    return _write(root, "curves", rows)
+
+
+def test_a_gap_that_changes_sign_in_the_last_quarter_is_inconclusive(tmp_path):
+    sweep = load([_curve_sweep(tmp_path, flip_at=90)])
+    df = sweep.complete
+    c = compare(df[df["gamma"] == 1.0], df[df["gamma"] == 0.5], "final_val_loss", curve="val/loss")
+    assert c.status == A_LOWER  # the final gap alone would be real ...
+    assert c.settled is False and "ranking still changing" in c.settle_note and "step 80" in c.settle_note
+    v, why = verdict([c], A_LOWER)
+    assert v == "inconclusive" and "still changing" in why  # ... but the ranking had not settled
+    assert [t["step"] for t in c.over_training] == list(range(0, 101, 10))
+
+
+def test_a_gap_that_held_over_the_last_quarter_decides(tmp_path):
+    sweep = load([_curve_sweep(tmp_path / "early", flip_at=50)])
+    df = sweep.complete
+    c = compare(df[df["gamma"] == 1.0], df[df["gamma"] == 0.5], "final_val_loss", curve="val/loss")
+    assert c.settled is True and verdict([c], A_LOWER)[0] == "supported"
+    assert settled([{"step": 0, "diff": 1.0}, {"step": 100, "diff": -1.0}])[0] is None  # one eval: not checked
+
+
+def test_a_null_with_six_pairs_is_inconclusive_and_names_the_excluded_effect():
+    rng = np.random.default_rng(0)
+    seeds = pd.DataFrame({"init_seed": range(6), "train_seed": range(6)})
+    luck = rng.normal(0, 0.05, 6)
+    a = seeds.assign(v=3.0 + luck + rng.normal(0, 0.01, 6))
+    b = seeds.assign(v=3.0 + luck + rng.normal(0, 0.01, 6))
+    c = compare(a, b, "v")
+    assert c.n == 6 and c.lo < 0 < c.hi
+    v, why = verdict([c], A_LOWER)
+    assert v == "inconclusive"
+    excluded = max(abs(c.lo), abs(c.hi))
+    assert c.excluded == pytest.approx(excluded) and f"|effect| > {excluded:.3g} nats excluded" in why
+    claim = claims_mod.Claim("x", "y", "", "")
+    claim.decide([c], A_LOWER)
+    assert claim.verdict == "inconclusive" and claim.excluded == pytest.approx(excluded)
+
+
+def width_sweep(root: Path, slope: float, intercept: float, seeds: int = 3, noise: float = 0.004,
+                widths=(64, 128, 192, 256)) -> Path:
+    """Recipe − baseline = intercept + slope·ln d (+ paired noise), each arm at two lrs where
+    only one is its best."""
+    rng = np.random.default_rng(5)
+    rows = []
+    for d in widths:
+        for s in range(seeds):
+            base = 6.0 - 0.3 * math.log(d) + rng.normal(0, 0.02)
+            gap = intercept + slope * math.log(d) + rng.normal(0, noise)
+            for arm, gamma, eps, gate, loss in (("b", 0.5, 1e-5, "none", base), ("r", 1.0, 1e-12, "elementwise", base + gap)):
+                for lr, penalty in ((3e-3, 0.0), (1e-3, 0.2)):
+                    rows.append(_row(identity=f"{d}-{s}-{arm}-{lr}", model="micro", d_model=d, n_params=2000 * d * d // 64,
+                                     gamma=gamma, eps=eps, gate=gate, lr=lr, init_seed=s, train_seed=s,
+                                     final_val_loss=loss + penalty))
+    return _write(root, "widths", rows)
+
+
+def test_width_trend_recovers_a_known_slope_and_crossover(tmp_path):
+    sweep = load([width_sweep(tmp_path, slope=-0.05, intercept=0.25)])
+    df = sweep.complete
+    base = df[df["gamma"] == 0.5]["variant"].iloc[0]
+    recipe = df[df["gamma"] == 1.0]["variant"].iloc[0]
+    t = width_trend(df, recipe, base, "final_val_loss")
+    assert t.status == "fit" and t.seeds == 3 and len(t.points) == 4
+    assert t.slope_lo < -0.05 < t.slope_hi and t.slope_hi < 0
+    assert t.crossover == pytest.approx(math.exp(5.0), rel=0.25)  # 0.25 - 0.05 ln d = 0 at d = e^5 ≈ 148
+    assert t.crossover_lo is not None and t.crossover_lo < t.crossover < t.crossover_hi
+    assert all(p == 3e-3 for p in t.points["lr_recipe"].map(lambda v: v[0]))  # each arm at its best lr
+
+
+def test_width_trend_in_the_summary_with_its_claim(tmp_path):
+    out = build([width_sweep(tmp_path, slope=0.0, intercept=0.1, noise=0.02)], tmp_path / "reports",
+                widths=(64, 128), n_boot=20, log=lambda _: None)
+    s = json.loads((out / "summary.json").read_text())
+    w = s["width_trend"]
+    assert w["status"] == "fit" and w["slope_lo"] < 0 < w["slope_hi"]
+    c = next(c for c in s["claims"] if "grows with width" in c["claim"])
+    assert c["verdict"] == "inconclusive" and c["excluded"] == pytest.approx(max(-w["slope_lo"], w["slope_hi"]))
+    assert "width_trend.png" in {f["file"] for f in s["figures"]}
