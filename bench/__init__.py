@@ -10,4 +10,5 @@ baseline and the measured run alternate (ABAB...), so load from other work on th
 hits both sides. Results go to bench/results.json and bench/results.md (see bench/report.py).
 """
 
-BENCHMARKS = ("trainer_vs_bare", "probe_overhead", "sweep_overhead", "data_prep", "gpu_mfu")
+BENCHMARKS = ("trainer_vs_bare", "probe_overhead", "sweep_overhead", "sweep_overhead_make_sweep", "data_prep",
+              "cpu_bf16_speedup", "cpu_mfu", "gpu_mfu")

@@ -44,6 +44,9 @@ class Settings:
     # Makefile's SWEEP_GRID, checked by tests/test_bench.py) against its pool ideal. Empty: skip.
     make_sweep_grid: tuple[str, ...] = ()
     make_sweep_overrides: tuple[str, ...] = ()  # on top of the defaults (--tiny shrinks the trials)
+    # cpu_bf16_speedup: bare-loop steps per dtype; cpu_mfu: the side of the peak matmul.
+    cpu_steps: int = 10
+    cpu_peak_n: int = 2048
     gpu_presets: tuple[str, ...] = ("0.1b", "0.5b", "1.5b")
     gpu_steps: int = 10
     extra: dict[str, Any] = field(default_factory=dict)
@@ -88,6 +91,8 @@ TINY = Settings(
     data_warm_repeats=3,
     make_sweep_grid=("init.gamma=0.5,1.0",),
     make_sweep_overrides=_TINY_SWEEP_TRIAL,
+    cpu_steps=2,
+    cpu_peak_n=256,
     gpu_presets=("0.1b",),
     gpu_steps=3,
 )

@@ -78,7 +78,7 @@ def _sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _try(preset: str, batch: int, device, steps: int, seq_len: int = SEQ_LEN) -> dict:
+def _try(preset: str, batch: int, device, steps: int, seq_len: int = SEQ_LEN, compile: bool = True) -> dict:
     """One preset at one micro-batch size (device-generic so it can be smoke-tested on a CPU)."""
     import torch
     import torch.nn.functional as F
@@ -89,7 +89,7 @@ def _try(preset: str, batch: int, device, steps: int, seq_len: int = SEQ_LEN) ->
 
     base = ModelConfig.preset(preset)
     cfg = ModelConfig.preset(preset, vocab_size=32768, max_seq_len=max(seq_len, base.max_seq_len))
-    train = TrainConfig(batch_size=batch, seq_len=seq_len, max_steps=steps, device=device.type, dtype="bf16", compile=True)
+    train = TrainConfig(batch_size=batch, seq_len=seq_len, max_steps=steps, device=device.type, dtype="bf16", compile=compile)
     trial = TrialConfig(model=cfg, optim=OptimConfig(), train=train, data={"vocab_size": 32768}, preset=preset)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -100,7 +100,7 @@ def _try(preset: str, batch: int, device, steps: int, seq_len: int = SEQ_LEN) ->
     model.init_weights()  # the trainer's init rule (drawn on the CPU, copied over)
     init_s = time.perf_counter() - t0
     optimizer = make_optimizer(model, trial.optim)
-    fwd = torch.compile(model)
+    fwd = torch.compile(model) if compile else model
     g = torch.Generator(device=device).manual_seed(0)
     tokens = torch.randint(0, cfg.vocab_size, (batch, seq_len + 1), device=device, generator=g)
     x, y = tokens[:, :-1], tokens[:, 1:]

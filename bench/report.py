@@ -90,6 +90,19 @@ def rows(benchmarks: dict[str, dict]) -> list[list[str]]:
                             f"{ms['trial_s']:.1f} s in the pool"
                             + (" (ideal: mean of the pool runs before and after, {:.1f} and {:.1f} s)".format(*ms["pool_ideals_s"])
                                if "pool_ideals_s" in ms else ""), where])
+        elif name == "sweep_overhead_make_sweep":
+            out.append([name, _f(e["ratio"], ".2f"), _target(e["target"]), _verdict(e), f"ideal {e['ideal_s']:.1f} s",
+                        f"sweep {e['wall_s']:.1f} s", "1", f"{e['trials']} default trials (`make sweep`'s grid)", where])
+        elif name == "cpu_bf16_speedup":
+            out.append([name, _f(e["ratio"], ".2f"), "-", "recorded", f"fp32 {b['tokens_per_s']:,.0f} tok/s",
+                        f"bf16 {m['tokens_per_s']:,.0f} tok/s", str(e.get("repeats", "-")),
+                        f"dtype=auto picks {e['auto_choice']} ({e['auto_reason']})" + (f"; {e['note']}" if e.get("note") else ""),
+                        where])
+        elif name == "cpu_mfu":
+            out.append([name, _f(e["ratio"], ".2f"), _target(e["target"]), _verdict(e),
+                        f"{b['n']}^3 matmul {b['matmul_gflops']:.0f} GFLOP/s ({b['dtype']})",
+                        f"run_trial {e['ratio'] * b['matmul_gflops']:.0f} GFLOP/s", str(len(m["repeats"])),
+                        "model FLOPs by PaLM's count over the training steps' own time", where])
         elif name == "data_prep":
             c = e["corpus"]
             out.append([name, f"{e['cold_s']:.2f} s cold / {e['warm_s'] * 1000:.1f} ms warm", "-", "-",

@@ -32,7 +32,7 @@ import torch
 from .bare import bare_loop
 from .common import compose_trial, median, prepared_data, progress, rotate, spread, timed_calls
 
-TRAINER_TARGET = {"op": ">=", "value": 0.95}
+TRAINER_TARGET = {"op": ">=", "value": 0.97}
 PROBE_TARGET = {"op": "<=", "value": 1.03}
 
 

@@ -73,6 +73,13 @@ def test_ratios_are_positive_and_finite(tiny_results):
     m = s["make_sweep"]  # `make sweep`'s grid (on tiny trials here) against the same pool
     assert m["trials"] == 2 and m["wall_s"] > m["ideal_s"] > 0 and _positive(m["ratio"])
     assert len(m["pool_ideals_s"]) == 2 and m["ideal_s"] == pytest.approx(sum(m["pool_ideals_s"]) / 2)  # pool, sweep, pool
+    ms = b["sweep_overhead_make_sweep"]  # the same `make sweep` point under its own key and target
+    assert ms["ratio"] == m["ratio"] and ms["target"]["value"] == 1.05
+    bf = b["cpu_bf16_speedup"]  # both dtypes measured in this run, whatever the CPU
+    assert _positive(bf["ratio"]) and bf["auto_choice"] in ("fp32", "bf16") and bf["auto_reason"]
+    assert bf["ratio"] == pytest.approx(bf["measured"]["tokens_per_s"] / bf["baseline"]["tokens_per_s"])
+    mfu = b["cpu_mfu"]
+    assert 0 < mfu["ratio"] < 2 and _positive(mfu["baseline"]["matmul_gflops"])
     d = b["data_prep"]
     assert _positive(d["cold_s"]) and _positive(d["warm_s"]) and d["corpus"]["train_tokens"] > 0
 

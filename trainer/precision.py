@@ -64,6 +64,11 @@ def _matmul_gflops(dtype: torch.dtype, reps: int = 5) -> float:
     return 2 * m * k * n * reps / max(time.perf_counter() - start, 1e-9) / 1e9
 
 
+def native_bf16_flags() -> list[str]:
+    """This CPU's feature flags that give native bf16 math (empty: bf16 is emulated)."""
+    return sorted(set(BF16_FLAGS) & _cpu_identity()[1])
+
+
 def measure_cpu_bf16() -> DtypeChoice:
     """Decide for this CPU now (no cache): flags first, then a timed matmul."""
     model, flags = _cpu_identity()

@@ -1,0 +1,130 @@
+"""One prepared GPU check that needs only torch and numpy (no Ray, Hydra, Optuna, W&B,
+tokenizers or pandas): what a lent GPU machine can show in a few minutes.
+
+    python -m bench.gpu_check --data .cache/gpu-data --out $OUT     # on the GPU machine, <= 8 min
+    python -m bench.gpu_check --data ~/.cache/smallinit/bilingual-* --tiny --device cpu   # a smoke run
+
+1. MFU of the 0.1B and 1.5B presets, bf16 autocast + torch.compile, sequence 2048, random
+   tokens (bench/gpu_bench.py's measurement).
+2. The 0.1B preset trained by the project's own loop (trainer.loop.run_trial, bf16 and compile
+   on CUDA) at gamma = 0.5 and gamma = 1 (eps 1e-12, no gate, the same init seed and data
+   order), each at two learning rates, for one token budget: at most MAX_EPOCHS passes over the
+   prepared corpus (a folder with train.bin and val.bin of uint16 token ids, e.g. the project's
+   bilingual cache). The loss curves and final validation losses go to gpu_check.json.
+
+Prepare the data folder on a machine with the project installed (`make sweep` prepares it):
+    mkdir -p .cache/gpu-data && cp ~/.cache/smallinit/bilingual-*/{train,val}.bin .cache/gpu-data/
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+MAX_EPOCHS = 4  # more passes than this measure memorisation, not the paper's question
+PRESETS = ("0.1b", "1.5b")
+GAMMAS = (0.5, 1.0)
+LRS = (1e-3, 3e-3)
+
+
+def trial_for(preset: str, gamma: float, lr: float, data: Path, vocab: int, budget: int, device: str, tiny: bool):
+    from model.config import InitConfig, ModelConfig, NormConfig
+    from trainer.config import OptimConfig, TrainConfig, TrialConfig
+
+    model = ModelConfig.preset(preset, vocab_size=vocab, init=InitConfig(gamma=gamma, seed=0), norm=NormConfig(eps=1e-12))
+    batch, seq = (4, 64) if tiny else (32, 1024)
+    train = TrainConfig(seed=0, batch_size=batch, seq_len=seq, max_tokens=max(budget, batch * seq),
+                        eval_every=5 if tiny else 25, eval_tokens=batch * seq * (1 if tiny else 8),
+                        per_token_eval_tokens=batch * seq, probe_every=0, ckpt_every=0, device=device,
+                        dtype="auto", compile=device == "cuda")
+    data_cfg = {"task": "lm", "corpus": "tokens", "paths": [str(data / "train.bin"), str(data / "val.bin")],
+                "dtype": "uint16", "vocab_size": vocab, "cache_dir": str(data / ".prepared")}
+    return TrialConfig(model=model, optim=OptimConfig(lr=lr), train=train, data=data_cfg, preset=preset)
+
+
+def mfu_section(device: torch.device, tiny: bool, log) -> dict:
+    from .gpu_bench import _measure, _try
+
+    if device.type != "cuda":
+        r = _try("nano", 2, device, 2, seq_len=64, compile=False)  # the smoke form: shapes only
+        return {"nano (cpu smoke)": r}
+    out = {}
+    for preset in PRESETS:
+        out[preset] = _measure(preset, device, 10)
+        r = out[preset]
+        log(f"mfu {preset}: " + (r["error"] if "error" in r else f"{r['tokens_per_s']:,.0f} tok/s, MFU {r['mfu']:.1%}"))
+    return out
+
+
+def train_section(args, device: torch.device, log) -> list[dict]:
+    from trainer.loop import run_trial
+
+    train_tokens = np.memmap(args.data / "train.bin", dtype=np.uint16, mode="r")
+    vocab = int(max(int(train_tokens.max()), int(np.memmap(args.data / "val.bin", dtype=np.uint16, mode="r").max())) + 1)
+    vocab = 64 * -(-vocab // 64)  # round up: the embedding table's rows stay aligned
+    budget = min(args.tokens, MAX_EPOCHS * len(train_tokens))
+    preset = "nano" if args.tiny else "0.1b"
+    log(f"train {preset}: {budget:,} tokens per run ({budget / len(train_tokens):.2f} passes over "
+        f"{len(train_tokens):,} training tokens), vocab {vocab}")
+    runs = []
+    for gamma in GAMMAS:
+        for lr in LRS:
+            trial = trial_for(preset, gamma, lr, args.data, vocab, budget, device.type, args.tiny)
+            out = args.out / f"run-g{gamma:g}-lr{lr:g}"
+            t0 = time.perf_counter()
+            res = run_trial(trial, out, log=lambda *_: None)
+            rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x.strip()]
+            curve = [[r["step"], r["val/loss"]] for r in rows if r.get("val/loss") is not None]
+            runs.append(dict(preset=preset, gamma=gamma, lr=lr, eps=1e-12, tokens=res.tokens, dtype=res.dtype,
+                             final_val_loss=res.final_val_loss, unigram_entropy=res.unigram_entropy,
+                             tokens_per_s=res.tokens_per_s, mfu=res.mfu, wall_s=time.perf_counter() - t0,
+                             val_curve=curve))
+            for f in ("model.pt", "per_token_losses.npz"):
+                (out / f).unlink(missing_ok=True)  # the JSON is the record; weights would not come back anyway
+            log(f"train γ={gamma:g} lr={lr:g}: val loss {res.final_val_loss:.4f} ({res.tokens_per_s:,.0f} tok/s, "
+                f"{time.perf_counter() - t0:.0f} s)")
+    return runs
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.gpu_check", description=__doc__.split("\n")[0])
+    p.add_argument("--data", type=Path, required=True, help="folder with train.bin and val.bin (uint16 token ids)")
+    p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "gpu-check")), help="where gpu_check.json goes")
+    p.add_argument("--tokens", type=int, default=20_000_000, help=f"token budget per run (capped at {MAX_EPOCHS} passes)")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--tiny", action="store_true", help="nano model, a few steps: a smoke run anywhere")
+    p.add_argument("--skip-mfu", action="store_true")
+    a = p.parse_args(argv)
+    for f in ("train.bin", "val.bin"):
+        if not (a.data / f).is_file():
+            print(f"error: --data {a.data}: no {f} there (see `python -m bench.gpu_check --help`)", file=sys.stderr)
+            return 2
+    a.out.mkdir(parents=True, exist_ok=True)
+    device = torch.device(a.device)
+
+    def log(msg: str) -> None:
+        print(f"[gpu_check] {msg}", flush=True)
+
+    t0 = time.perf_counter()
+    result = {"machine": {"platform": platform.platform(), "python": platform.python_version(), "torch": torch.__version__,
+                          "device": torch.cuda.get_device_name(0) if device.type == "cuda" else platform.processor()},
+              "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    result["mfu"] = {} if a.skip_mfu else mfu_section(device, a.tiny, log)
+    result["train"] = train_section(a, device, log)
+    result["elapsed_s"] = time.perf_counter() - t0
+    path = a.out / "gpu_check.json"
+    path.write_text(json.dumps(result, indent=1) + "\n")
+    log(f"wrote {path} in {result['elapsed_s']:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

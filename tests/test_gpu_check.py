@@ -1,0 +1,40 @@
+"""bench.gpu_check runs where only torch and numpy exist (the lent GPU machine): checked here
+in its CPU smoke form with the project's other dependencies made unimportable."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+from .conftest import REPO
+
+BLOCKED = ("ray", "hydra", "omegaconf", "optuna", "wandb", "tokenizers", "pandas", "pyarrow", "scipy", "matplotlib")
+# None in sys.modules: `import x` fails and importlib.util.find_spec("x") says absent, as there.
+RUNNER = f"""
+import sys
+for name in {BLOCKED!r}:
+    sys.modules[name] = None
+from bench.gpu_check import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_gpu_check_needs_only_torch_and_writes_its_record(data_cache, tmp_path):
+    data = next(data_cache.glob("bilingual-*"))
+    proc = subprocess.run([sys.executable, "-c", RUNNER, "--data", str(data), "--out", str(tmp_path), "--tiny",
+                           "--device", "cpu", "--tokens", "2048"], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    record = json.loads((tmp_path / "gpu_check.json").read_text())
+    runs = record["train"]
+    assert {(r["gamma"], r["lr"]) for r in runs} == {(0.5, 1e-3), (0.5, 3e-3), (1.0, 1e-3), (1.0, 3e-3)}
+    for r in runs:
+        assert r["tokens"] == 2048 and math.isfinite(r["final_val_loss"]) and len(r["val_curve"]) >= 2
+    assert record["mfu"]  # the smoke form measures shapes on the CPU
+
+
+def test_gpu_check_refuses_a_folder_without_tokens(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "bench.gpu_check", "--data", str(tmp_path), "--tiny"], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "no train.bin" in proc.stderr
