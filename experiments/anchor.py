@@ -18,7 +18,17 @@ import pandas as pd
 from .claims import Claim, _record
 from .figures import GAMMA
 from .render import Block
-from .stats import A_HIGHER, A_LOWER, CONTRADICTED, INCONCLUSIVE, NOT_RUN, SUPPORTED, compare, largest_excluded, verdict
+from .stats import (
+    A_HIGHER,
+    A_LOWER,
+    CONTRADICTED,
+    INCONCLUSIVE,
+    NOT_RUN,
+    SUPPORTED,
+    compare,
+    largest_excluded,
+    verdict,
+)
 
 ACCURACIES = {"in_dist": "anchor_in_dist_acc", "inferential": "anchor_inferential_acc",
               "symmetric": "anchor_symmetric_acc"}

@@ -25,8 +25,8 @@ from model import Transformer, run_probes
 
 from .checkpoint import atomic_write_json, load_checkpoint, save_checkpoint
 from .config import TrialConfig
-from .reporting import JsonlReporter, MultiReporter, Reporter, Timer
 from .precision import autocast_for, resolve_dtype
+from .reporting import JsonlReporter, MultiReporter, Reporter, Timer
 from .tasks import make_task
 
 # Reading the loss on the host every step makes a GPU wait for its queue to drain; on an
