@@ -48,6 +48,32 @@ def loss_vs_gamma_by_lr(all_trials: pd.DataFrame, metric: str, lr_col: str = "lr
     return fig
 
 
+def loss_vs_lr(all_trials: pd.DataFrame, metric: str, lr_col: str = "lr"):
+    """One panel per size: loss against lr (log x) per variant, seeds as dots, seed means joined;
+    the best lr of each variant starred. Shows where each optimum sits inside (or at the edge of)
+    the grid."""
+    sizes = list(all_trials.sort_values("n_params")["size"].unique())
+    colors = color_map(all_trials["variant"])
+    fig, axes = _grid(len(sizes))
+    for ax, size in zip(axes, sizes):
+        d = all_trials[all_trials["size"] == size]
+        for variant, g in d.groupby("variant"):
+            c = colors[variant]
+            means = g.groupby(lr_col)[metric].mean()
+            ax.scatter(g[lr_col], g[metric], s=10, color=c, alpha=0.35)
+            ax.plot(means.index, means.values, color=c, marker="o", ms=4, lw=1.5, label=variant)
+            ax.scatter([means.idxmin()], [means.min()], marker="*", s=180, color=c, edgecolor="k", zorder=5)
+        ax.set_xscale("log")
+        ax.set_title(size, fontsize=10)
+        ax.set_xlabel("peak learning rate [1/step, log scale]")
+        ax.set_ylabel(LOSS_Y)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6)
+    fig.suptitle("Final validation loss against learning rate (star: each variant's best lr)")
+    fig.tight_layout()
+    return fig
+
+
 def gap_over_training(items: list[tuple[str, list[dict]]]):
     """One panel per comparison: the mean paired gap at every evaluation with its 95%
     interval; the last quarter of training, where the ranking must hold, shaded."""

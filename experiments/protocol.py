@@ -42,9 +42,12 @@ def tuning_section(sweep: Sweep, figs, metric: str) -> tuple[list[Block], dict]:
                                         f"the {t.axes[0]} values swept."))
     summary["chosen"] = c.to_dict("records")
     if "lr" in t.axes:
-        blocks.append(Block("figure", figs.save(FP.loss_vs_gamma_by_lr(t.all_trials, metric), "loss_vs_gamma_by_lr",
-                                                "Loss against γ per learning rate (thin) and the lr-optimal "
-                                                "envelope (thick); star = best γ at its best lr.")))
+        blocks.append(Block("figure", figs.save(FP.loss_vs_lr(t.all_trials, metric), "loss_vs_lr",
+                                                "Loss against learning rate per variant; star = its best lr.")))
+        if (t.all_trials.groupby(["size", "setting"])["gamma"].nunique() > 1).any():
+            blocks.append(Block("figure", figs.save(FP.loss_vs_gamma_by_lr(t.all_trials, metric), "loss_vs_gamma_by_lr",
+                                                    "Loss against γ per learning rate (thin) and the lr-optimal "
+                                                    "envelope (thick); star = best γ at its best lr.")))
     return blocks, summary
 
 

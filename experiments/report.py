@@ -89,11 +89,12 @@ def cell_table(df: pd.DataFrame, metric: str) -> pd.DataFrame:
 
 
 def scale_table(sweep: Sweep) -> tuple[pd.DataFrame, dict]:
-    res, done = sweep.results, sweep.complete
+    res, done = sweep.results, sweep.tuning.all_trials  # every complete trial, every lr
     rows = []
     for size, g in sorted(done.groupby("size"), key=lambda kv: kv[1]["n_params"].min()):
         r = g.iloc[0]
-        n_all = int((res["model"] == r["model"]).sum() if "model" in res else len(g))
+        same = (res["model"] == r["model"]) & (res["d_model"] == r["d_model"]) & (res["n_layers"] == r["n_layers"])
+        n_all = int(same.sum())
         rows.append({
             "size": size, "params": f"{int(r['n_params']):,}", "d_model": int(r["d_model"]), "layers": int(r["n_layers"]),
             "tokens / trial": ", ".join(f"{int(t):,}" for t in sorted(g["tokens"].dropna().unique())),
@@ -109,7 +110,8 @@ def scale_table(sweep: Sweep) -> tuple[pd.DataFrame, dict]:
     t_max = float(done["tokens"].max()) if done["tokens"].notna().any() else float("nan")
     info = dict(
         sweeps=[str(d) for d in sweep.dirs], sizes=len(rows), max_params=n_max, max_tokens=t_max,
-        trials=int(len(res)), complete=int(len(done)), states=res["state"].value_counts().to_dict(),
+        trials=int(len(res)), complete=int(len(done)), compared=int(len(sweep.complete)),
+        states=res["state"].value_counts().to_dict(),
         wall_s=float(pd.to_numeric(res.get("wall_s"), errors="coerce").sum()),
         params_below_paper=PAPER_PARAMS[0] / n_max, tokens_below_paper=PAPER_TOKENS / t_max if t_max else None,
     )
@@ -215,7 +217,9 @@ def build(dirs: list[Path], out_root: Path = Path("reports"), baseline_gamma: fl
     add(Block("h1", f"smallinit report: {sweep.name}"))
     add(Block("p", f"Sweep folder(s): {', '.join(str(d) for d in sweep.dirs)}. Generated {time.strftime('%Y-%m-%d %H:%M')}. "
                    f"Loss = {metric} (nats/token) of COMPLETE trials; {scale_info['complete']} of "
-                   f"{scale_info['trials']} trials complete ({', '.join(f'{k}: {v}' for k, v in scale_info['states'].items())})."))
+                   f"{scale_info['trials']} trials complete ({', '.join(f'{k}: {v}' for k, v in scale_info['states'].items())})"
+                   + (f"; {scale_info['compared']} of them are at their setting's best lr and enter the comparisons."
+                      if scale_info["compared"] != scale_info["complete"] else ".")))
     tok_txt = f"{scale_info['max_tokens']:,.0f}" if math.isfinite(scale_info["max_tokens"]) else "?"
     add(Block("note", f"Scale: {scale_info['sizes']} model size(s), the largest {scale_info['max_params'] / 1e6:.2f}M "
                       f"parameters trained on {tok_txt} tokens per trial. The paper trains 0.1B–1.5B-parameter "

@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parent.parent
 EXPERIMENTS = ("width_trend", "gamma_scan", "eps_fix", "gate", "scaling", "moe", "anchor")
 # The figures each experiment is about (others stay in its full report).
 FIGURES = {
-    "width_trend": ("width_trend", "gap_over_training", "effective_size"),
+    "width_trend": ("width_trend", "loss_vs_lr", "gap_over_training", "effective_size"),
     "gamma_scan": ("loss_vs_gamma_by_lr", "gap_over_training", "loss_vs_gamma", "token_gain", "condensation"),
     "eps_fix": ("loss_vs_gamma", "saturation"),
     "gate": ("loss_vs_gamma", "attention_sink"),
