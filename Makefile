@@ -48,9 +48,9 @@ report: install ## Build the HTML report of the newest sweep (or SWEEP=dir[,dir.
 	$(PY) -m experiments.report $(if $(SWEEP),--sweep $(SWEEP),) $(ARGS)
 
 # The CPU forms of the paper's studies (conf/experiment/); a rerun skips finished trials.
-EXPERIMENTS ?= gamma_scan eps_fix gate scaling moe anchor
+EXPERIMENTS ?= width_trend gamma_scan eps_fix gate scaling moe anchor
 
-experiments: install ## Run every CPU experiment, report each, rewrite docs/results.md (~2 h on 2 cores)
+experiments: install ## Run every CPU experiment, report each, rewrite docs/results.md (~4 h on 2 cores)
 	set -e; for e in $(EXPERIMENTS); do \
 	  $(PY) sweep.py -m +experiment=$$e $(ARGS); \
 	  $(PY) -m experiments.report --sweep sweeps/$$e; \
