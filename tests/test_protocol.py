@@ -185,3 +185,9 @@ def test_width_trend_in_the_summary_with_its_claim(tmp_path):
     c = next(c for c in s["claims"] if "grows with width" in c["claim"])
     assert c["verdict"] == "inconclusive" and c["excluded"] == pytest.approx(max(-w["slope_lo"], w["slope_hi"]))
     assert "width_trend.png" in {f["file"] for f in s["figures"]}
+    # docs/results.md renders the same evidence from the summary.
+    from experiments import results_doc
+
+    page = results_doc.section("width_trend", s, None)
+    assert "**Learning rates.**" in page and "**Width trend**" in page and f"{w['slope']:+.4f}" in page
+    assert "Previous protocol" not in page
