@@ -32,10 +32,11 @@ def loss_vs_gamma_by_lr(all_trials: pd.DataFrame, metric: str, lr_col: str = "lr
                     col = means[lr].dropna()
                     ax.plot(col.index, col.values, color=c, ls=LINESTYLES[(i + 1) % len(LINESTYLES)], lw=0.9,
                             alpha=0.6, marker=".", label=f"{setting}, lr {lr:g}")
-            env = means.min(axis=1)
+            env = means.min(axis=1).dropna()
+            if env.empty:
+                continue
             ax.plot(env.index, env.values, color=c, lw=2.4, marker="o", ms=5, label=f"{setting}: best lr per γ")
-            star = env.idxmin()
-            ax.scatter([star], [env.min()], marker="*", s=180, color=c, edgecolor="k", zorder=5)
+            ax.scatter([env.idxmin()], [env.min()], marker="*", s=180, color=c, edgecolor="k", zorder=5)
         if "unigram_entropy" in d and d["unigram_entropy"].notna().any():
             ax.axhline(d["unigram_entropy"].mean(), color="grey", ls=":", lw=1, label="unigram entropy")
         ax.set_title(size, fontsize=10)
@@ -48,10 +49,10 @@ def loss_vs_gamma_by_lr(all_trials: pd.DataFrame, metric: str, lr_col: str = "lr
     return fig
 
 
-def loss_vs_lr(all_trials: pd.DataFrame, metric: str, lr_col: str = "lr"):
+def loss_vs_lr(all_trials: pd.DataFrame, metric: str, chosen: pd.DataFrame, lr_col: str = "lr"):
     """One panel per size: loss against lr (log x) per variant, seeds as dots, seed means joined;
-    the best lr of each variant starred. Shows where each optimum sits inside (or at the edge of)
-    the grid."""
+    the trials each variant is compared at (`chosen`, tuning's pick) starred. Shows where each
+    optimum sits inside (or at the edge of) the grid."""
     sizes = list(all_trials.sort_values("n_params")["size"].unique())
     colors = color_map(all_trials["variant"])
     fig, axes = _grid(len(sizes))
@@ -62,7 +63,10 @@ def loss_vs_lr(all_trials: pd.DataFrame, metric: str, lr_col: str = "lr"):
             means = g.groupby(lr_col)[metric].mean()
             ax.scatter(g[lr_col], g[metric], s=10, color=c, alpha=0.35)
             ax.plot(means.index, means.values, color=c, marker="o", ms=4, lw=1.5, label=variant)
-            ax.scatter([means.idxmin()], [means.min()], marker="*", s=180, color=c, edgecolor="k", zorder=5)
+            pick = chosen[(chosen["size"] == size) & (chosen["variant"] == variant)]
+            if not pick.empty:
+                ax.scatter([pick[lr_col].iloc[0]], [pick[metric].mean()], marker="*", s=180, color=c, edgecolor="k",
+                           zorder=5)
         ax.set_xscale("log")
         ax.set_title(size, fontsize=10)
         ax.set_xlabel("peak learning rate [1/step, log scale]")

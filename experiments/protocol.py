@@ -42,7 +42,7 @@ def tuning_section(sweep: Sweep, figs, metric: str) -> tuple[list[Block], dict]:
                                         f"the {t.axes[0]} values swept."))
     summary["chosen"] = c.to_dict("records")
     if "lr" in t.axes:
-        blocks.append(Block("figure", figs.save(FP.loss_vs_lr(t.all_trials, metric), "loss_vs_lr",
+        blocks.append(Block("figure", figs.save(FP.loss_vs_lr(t.all_trials, metric, sweep.complete), "loss_vs_lr",
                                                 "Loss against learning rate per variant; star = its best lr.")))
         if (t.all_trials.groupby(["size", "setting"])["gamma"].nunique() > 1).any():
             blocks.append(Block("figure", figs.save(FP.loss_vs_gamma_by_lr(t.all_trials, metric), "loss_vs_gamma_by_lr",
@@ -51,7 +51,7 @@ def tuning_section(sweep: Sweep, figs, metric: str) -> tuple[list[Block], dict]:
     return blocks, summary
 
 
-def budget_section(sweep: Sweep, claims: list[Claim], figs) -> tuple[list[Block], dict]:
+def budget_section(sweep: Sweep, claims: list[Claim], figs, metric: str) -> tuple[list[Block], dict]:
     """The paired gap over training of every loss comparison, and each arm against the unigram entropy."""
     blocks = [Block("h2", "Was the budget enough? The gap over training"),
               Block("p", "A ranking read while the paired gap is still moving ranks learning speed, not end points. "
@@ -78,7 +78,7 @@ def budget_section(sweep: Sweep, claims: list[Claim], figs) -> tuple[list[Block]
                                                          "ranking held over the last quarter of training."))
     else:
         blocks.append(Block("note", "No loss curves to check the rankings over training (metrics.jsonl missing)."))
-    below = _below_unigram(sweep.complete)
+    below = _below_unigram(sweep.complete, metric)
     if not below.empty:
         blocks.append(Block("table", below.assign(**{c: below[c].map(_g) for c in ("loss", "unigram entropy",
                                                                                   "below unigram")}),
@@ -88,12 +88,12 @@ def budget_section(sweep: Sweep, claims: list[Claim], figs) -> tuple[list[Block]
     return blocks, summary
 
 
-def _below_unigram(df: pd.DataFrame) -> pd.DataFrame:
+def _below_unigram(df: pd.DataFrame, metric: str) -> pd.DataFrame:
     if "unigram_entropy" not in df or not df["unigram_entropy"].notna().any():
         return pd.DataFrame()
     rows = []
     for (size, variant), g in df.groupby(["size", "variant"], sort=False):
-        loss, uni = float(g["final_val_loss"].mean()), float(g["unigram_entropy"].mean())
+        loss, uni = float(g[metric].mean()), float(g["unigram_entropy"].mean())
         lrs = sorted(g["lr"].dropna().unique()) if "lr" in g else []
         rows.append({"size": size, "variant": variant, "lr": ", ".join(f"{x:g}" for x in lrs), "seeds": g["seed"].nunique(),
                      "dtype": ", ".join(sorted(g["dtype"].dropna().unique())) if "dtype" in g else "",

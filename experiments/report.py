@@ -210,7 +210,7 @@ def build(dirs: list[Path], out_root: Path = Path("reports"), baseline_gamma: fl
             claims_mod.residual_claim(slopes),
         ]
     tuning_blocks, tuning_summary = protocol.tuning_section(sweep, figs, metric)
-    budget_blocks, budget_summary = protocol.budget_section(sweep, claims, figs)
+    budget_blocks, budget_summary = protocol.budget_section(sweep, claims, figs, metric)
     width_blocks, width_summary = protocol.width_section(trend, figs) if not anchor else ([], None)
 
     # === the page ==============================================================================

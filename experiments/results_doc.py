@@ -63,9 +63,19 @@ PREVIOUS_PROTOCOL = ("> *Previous protocol*: one learning rate, budgets of 81,92
                      "as provisional.")
 
 
+ONE_LR = ("> *One learning rate*: judged by the current rule (verdict words, rankings over training), but the "
+          "sweep has no lr axis, so every setting ran at the same lr.")
+
+
 def is_current(s: dict) -> bool:
-    """A summary written under the per-lr protocol (it records its tuning)."""
+    """A summary written under the current rule (it records its tuning)."""
     return "tuning" in s
+
+
+def protocol_of(s: dict) -> str:
+    if not is_current(s):
+        return "previous"
+    return "per-lr" if s["tuning"]["axes"] else "one lr"
 
 
 def _fmt(x, spec: str = ".4f") -> str:
@@ -109,6 +119,8 @@ def section(name: str, s: dict, reading: str | None, command: str | None = None)
     states = ", ".join(f"{v} {k.lower()}" for k, v in sc["states"].items())
     if not is_current(s):
         out += [PREVIOUS_PROTOCOL, ""]
+    elif protocol_of(s) == "one lr":
+        out += [ONE_LR, ""]
     out += [f"**Scale.** {sc['trials']} trials ({states}), {sc['wall_s'] / 60:.1f} min of training in all.", ""]
     out += [_table(list(sc["table"][0]), [list(r.values()) for r in sc["table"]]), ""]
     if is_current(s):
@@ -221,7 +233,7 @@ def render(docs: Path) -> str:
                                 command_path.read_text().strip() if command_path.exists() else None))
         shown = [c for c in s["claims"] if c["verdict"] not in ("not enough data", "not run")]
         verdicts = "; ".join(f"{c['claim']}: **{c['verdict']}**" for c in shown) or "nothing decided"
-        rows.append([f"[{name}](#{name})", "per-lr (current)" if is_current(s) else "previous",
+        rows.append([f"[{name}](#{name})", protocol_of(s),
                      f"{s['scale']['complete']} of {s['scale']['trials']}", verdicts])
     parts += ["## Summary", "", _table(["experiment", "protocol", "complete trials", "verdicts"], rows), ""]
     parts += sections

@@ -131,7 +131,7 @@ def compare(a: pd.DataFrame, b: pd.DataFrame, value: str, pair_cols=SEED_COLS, c
     c.optim_a, c.optim_b = _optim_of(a), _optim_of(b)
     if curve and c.paired and c.n > 0:
         c.over_training = gap_over_training(a, b, curve, pair_cols)
-        c.settled, c.settle_note = settled(c.over_training)
+        c.settled, c.settle_note = settled(c.over_training, c.diff)
     return c
 
 
@@ -202,20 +202,25 @@ def gap_over_training(a: pd.DataFrame, b: pd.DataFrame, key: str, pair_cols=SEED
     return out
 
 
-def settled(trend: list[dict] | None, fraction: float = SETTLE_FRACTION) -> tuple[bool | None, str]:
-    """Did the sign of the mean gap hold over the last `fraction` of training?"""
+def settled(trend: list[dict] | None, final: float | None = None,
+            fraction: float = SETTLE_FRACTION) -> tuple[bool | None, str]:
+    """Did the sign of the mean gap hold over the last `fraction` of training? The sign is the
+    comparison's own final gap (`final`; default the curve's last point), and training ends at
+    the last evaluation every seed pair logged."""
     if not trend:
         return None, "no gap over training (no logged validation curves)"
-    last = trend[-1]["step"]
-    tail = [t for t in trend if t["step"] >= (1 - fraction) * last and t["step"] > 0]
+    pairs = max(t["n"] for t in trend) if all("n" in t for t in trend) else None
+    full = [t for t in trend if pairs is None or t["n"] == pairs]
+    last = full[-1]["step"]
+    tail = [t for t in full if (1 - fraction) * last <= t["step"] and t["step"] > 0]
     if len(tail) < 2:
         return None, (f"ranking over the last {fraction:.0%} of training not checked: {len(tail)} evaluation(s) "
                       "there (evaluate more often)")
-    sign = np.sign(last_diff := trend[-1]["diff"])
-    flips = [t["step"] for t in tail if np.sign(t["diff"]) != sign]
+    final = full[-1]["diff"] if final is None or not math.isfinite(final) else final
+    flips = [t["step"] for t in tail if np.sign(t["diff"]) != np.sign(final)]
     if flips:
         return False, (f"ranking still changing: the mean gap had the other sign at step {flips[-1]} of {last} "
-                       f"(final {last_diff:+.4f})")
+                       f"(final {final:+.4f})")
     return True, f"ranking held over the last {fraction:.0%} of training ({len(tail)} evaluations)"
 
 
@@ -239,20 +244,21 @@ def verdict(comparisons: list[Comparison], want: str, unit: str = "nats") -> tup
     supported: every one is real, settled and in the predicted direction. contradicted: one is
     real and settled in the opposite direction. not run: none. Otherwise inconclusive, saying
     why and which effects the data excludes."""
+    comparisons = [c for c in comparisons if c.n > 0]
     if not comparisons:
         return NOT_RUN, "no arms to compare"
     outcomes = [outcome(c, want) for c in comparisons]
+    held = " (rankings held over the last quarter of training)" if any(c.settled for c in comparisons) else ""
     if CONTRADICTED in outcomes:
         k = outcomes.count(CONTRADICTED)
-        return CONTRADICTED, (f"{k} of {len(comparisons)} difference(s) real in the opposite direction, "
-                              "the ranking settled over the last quarter of training")
+        return CONTRADICTED, f"{k} of {len(comparisons)} difference(s) real in the opposite direction{held}"
     if all(o == SUPPORTED for o in outcomes):
-        return SUPPORTED, "every difference exceeds its seed spread in the predicted direction, rankings settled"
+        return SUPPORTED, f"every difference exceeds its seed spread in the predicted direction{held}"
     why = []
     one = [c for c in comparisons if c.status == ONE_SEED]
     moving = [c for c in comparisons if c.settled is False and c.status != ONE_SEED]
     unchecked = [c for c in comparisons if c.over_training is not None and c.settled is None and c.status != ONE_SEED]
-    nulls = [c for c in comparisons if c.status == WITHIN and c not in moving and c not in unchecked]
+    nulls = _nulls(comparisons)
     if one:
         why.append(f"{len(one)} with one seed (no interval)")
     if moving:
@@ -266,8 +272,15 @@ def verdict(comparisons: list[Comparison], want: str, unit: str = "nats") -> tup
     return INCONCLUSIVE, "; ".join(why) or "not every difference is real"
 
 
+def _nulls(comparisons: list[Comparison]) -> list[Comparison]:
+    """Comparisons inside their spread whose ranking could be checked and did not move."""
+    return [c for c in comparisons if c.n > 0 and c.status == WITHIN and c.settled is not False
+            and not (c.over_training is not None and c.settled is None)]
+
+
 def largest_excluded(comparisons: list[Comparison]) -> float | None:
-    """For an inconclusive claim: the |effect| beyond which every null comparison rules it out."""
-    xs = [c.excluded for c in comparisons if c.status == WITHIN and math.isfinite(c.excluded)]
+    """For an inconclusive claim: the |effect| beyond which every null comparison rules it out
+    (the same comparisons whose bound the verdict's reason states)."""
+    xs = [c.excluded for c in _nulls(comparisons) if math.isfinite(c.excluded)]
     return max(xs) if xs else None
 

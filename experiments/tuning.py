@@ -44,49 +44,77 @@ class Tuning:
                     "setting at its own best lr.")
         n_edge = int(self.chosen["at_edge"].sum())
         txt = (f"Each (size, setting, γ) is compared at its own best {' and '.join(self.axes)} (lowest seed mean "
-               f"among the values where every seed completed); comparisons are paired by seed at that choice.")
+               f"among the values where every seed completed); comparisons are paired by seed at that choice. The "
+               f"choice is made on the same seeds it is then compared on, which flatters every arm a little, "
+               f"each by the same rule.")
         if n_edge:
             txt += f" {n_edge} of {len(self.chosen)} choices sit at the edge of the grid: widen it."
         return txt
 
 
+# Optimiser values are compared after rounding to this many significant digits, so that
+# 0.003 and 0.0030000000000000005 (a value that went through arithmetic) are one grid point.
+DIGITS = 6
+# A missing value (a results table from before the column existed) is its own grid point.
+MISSING = -1.0
+
+
+def _key(col: str) -> str:
+    return f"_grid_{col}"
+
+
+def _with_keys(df: pd.DataFrame) -> pd.DataFrame:
+    """df plus one grouping key per optimiser column: the value rounded, MISSING for NaN."""
+    out = df.copy()
+    for col in OPTIM_COLS:
+        values = out[col] if col in out else pd.Series(np.nan, index=out.index)
+        out[_key(col)] = [MISSING if pd.isna(v) else float(f"{float(v):.{DIGITS}g}") for v in values]
+    return out
+
+
 def _axes(df: pd.DataFrame) -> list[str]:
-    present = [c for c in OPTIM_COLS if c in df and df[c].notna().any()]
-    return [c for c in present if df.groupby(list(CELL))[c].nunique(dropna=False).max() > 1]
+    present = [c for c in OPTIM_COLS if (df[_key(c)] != MISSING).any()]
+    return [c for c in present if df.groupby(list(CELL))[_key(c)].nunique().max() > 1]
 
 
 def tune(df: pd.DataFrame, metric: str) -> tuple[pd.DataFrame, Tuning]:
     """df (complete trials, labelled) -> (the trials at each cell's best optimiser settings,
     the record of what was chosen)."""
-    axes = _axes(df)
+    keyed = _with_keys(df)
+    axes = _axes(keyed)
     if not axes:
         return df, Tuning(axes=[], chosen=pd.DataFrame(), all_trials=df)
+    keys = [_key(c) for c in axes]
     keep, rows = [], []
-    for cell, g in df.groupby(list(CELL), sort=False):
-        stats = g.groupby(axes, dropna=False).agg(loss=(metric, "mean"), seeds=("seed", "nunique")).reset_index()
+    for cell, g in keyed.groupby(list(CELL), sort=False):
+        stats = g.groupby(keys).agg(loss=(metric, "mean"), seeds=("seed", "nunique")).reset_index()
         # An option where some seeds did not complete (diverged, failed) is not comparable on
         # its surviving seeds' mean: a high lr that kills one seed in three is not "best".
-        full = stats[stats["seeds"] == stats["seeds"].max()]
+        # Options are compared on the cell's full seed set; if none has it, on the most seeds any has.
+        want = g["seed"].nunique()
+        full = stats[stats["seeds"] == (want if (stats["seeds"] == want).any() else stats["seeds"].max())]
         best = full.sort_values("loss", kind="stable").iloc[0]
         mask = np.ones(len(g), dtype=bool)
         row = dict(zip(CELL, cell), loss=float(best["loss"]), seeds=int(best["seeds"]), at_edge=False, edge="")
         for col in axes:
-            tried = sorted(stats[col].dropna().unique())
-            value = best[col]
-            mask &= np.isclose(g[col].astype(float), float(value))
-            row[col] = float(value)
+            tried = sorted(v for v in stats[_key(col)].unique() if v != MISSING)
+            value = float(best[_key(col)])
+            mask &= (g[_key(col)] == value).to_numpy()
+            row[col] = None if value == MISSING else value
             row[f"{col}_tried"] = [float(v) for v in tried]
-            if len(tried) > 1 and (np.isclose(value, tried[0]) or np.isclose(value, tried[-1])):
-                side = "smallest" if np.isclose(value, tried[0]) else "largest"
+            # Weight decay 0 is the bottom of its range, not the edge of a grid.
+            low_edge = bool(tried) and value == tried[0] and not (col == "weight_decay" and value == 0)
+            if len(tried) > 1 and value != MISSING and (low_edge or value == tried[-1]):
+                side = "smallest" if value == tried[0] else "largest"
                 row["at_edge"] = True
                 row["edge"] += f"{col} = {value:g} is the {side} tried; "
         row["excluded_options"] = int(len(stats) - len(full))
         row["edge"] = row["edge"].rstrip("; ")
         rows.append(row)
-        keep.append(g[mask])
+        keep.append(df.loc[g.index[mask]])
     chosen = pd.DataFrame(rows)
     return pd.concat(keep).sort_index(), Tuning(axes=axes, chosen=chosen, all_trials=df)
 
 
 def chosen_label(row, axes: list[str]) -> str:
-    return ", ".join(f"{c}={row[c]:g}" for c in axes)
+    return ", ".join(f"{c}={row[c]:g}" if row[c] is not None and pd.notna(row[c]) else f"{c}=?" for c in axes)

@@ -108,30 +108,42 @@ def width_trend(df: pd.DataFrame, recipe: str | None, baseline: str | None, metr
     return trend
 
 
+def _fmt_width(x: float) -> str:
+    return f"{math.exp(x):,.0f}"
+
+
 def _crossover(trend: WidthTrend, a_s: np.ndarray, b_s: np.ndarray, widths: list[int]) -> None:
-    lo_w, hi_w = min(widths), max(widths)
+    """Point crossover of the mean fit, and the widths where the seeds' fitted gaps have a 95%
+    interval holding 0 (one or more pieces; bounded by the search range), all in ln d."""
+    lo_x, hi_x = math.log(SEARCH_WIDTHS[0]), math.log(SEARCH_WIDTHS[1])
     if trend.slope != 0 and math.isfinite(trend.slope):
-        trend.crossover = float(math.exp(-trend.intercept / trend.slope))
-    grid = np.linspace(math.log(SEARCH_WIDTHS[0]), math.log(SEARCH_WIDTHS[1]), 2000)
-    holds_zero = []
-    for xv in grid:
-        _, lo, hi = _t_interval(a_s + b_s * xv)
-        holds_zero.append(lo <= 0 <= hi)
-    holds_zero = np.array(holds_zero)
+        root = -trend.intercept / trend.slope  # ln d where the mean fit is 0
+        if lo_x <= root <= hi_x:
+            trend.crossover = float(math.exp(root))
+    grid = np.linspace(lo_x, hi_x, 2000)
+    holds_zero = np.array([lo <= 0 <= hi for lo, hi in (_t_interval(a_s + b_s * x)[1:] for x in grid)])
+    limits = f"{SEARCH_WIDTHS[0]:g}–{SEARCH_WIDTHS[1]:g}"
     if not holds_zero.any():
         side = "below" if (a_s + b_s * grid[0]).mean() < 0 else "above"
-        trend.crossover_note = (f"the fitted gap stays {side} 0 with its interval over widths "
-                                f"{SEARCH_WIDTHS[0]:g}–{SEARCH_WIDTHS[1]:g}: no crossover")
         trend.crossover = None
+        trend.crossover_note = f"the fitted gap stays {side} 0 with its interval over widths {limits}: no crossover"
         return
-    idx = np.flatnonzero(holds_zero)
-    lo_i, hi_i = idx[0], idx[-1]
-    trend.crossover_lo = None if lo_i == 0 else float(math.exp(grid[lo_i]))
-    trend.crossover_hi = None if hi_i == len(grid) - 1 else float(math.exp(grid[hi_i]))
-    band = (f"[{'unbounded' if trend.crossover_lo is None else f'{trend.crossover_lo:,.0f}'}, "
-            f"{'unbounded' if trend.crossover_hi is None else f'{trend.crossover_hi:,.0f}'}]")
+    # Contiguous pieces of the band (a flat, noisy fit can hold 0 on two rays with a gap between).
+    edges = np.flatnonzero(np.diff(holds_zero.astype(int)))
+    starts = [0] * bool(holds_zero[0]) + [i + 1 for i in edges if not holds_zero[i]]
+    ends = [i for i in edges if holds_zero[i]] + [len(grid) - 1] * bool(holds_zero[-1])
+    pieces = []
+    for i, j in zip(starts, ends):
+        left = f"< {SEARCH_WIDTHS[0]:g}" if i == 0 else _fmt_width(grid[i])
+        right = f"> {SEARCH_WIDTHS[1]:g}" if j == len(grid) - 1 else _fmt_width(grid[j])
+        pieces.append(f"[{left}, {right}]")
+    first, last = starts[0], ends[-1]
+    trend.crossover_lo = None if first == 0 else float(math.exp(grid[first]))
+    trend.crossover_hi = None if last == len(grid) - 1 else float(math.exp(grid[last]))
+    band = " ∪ ".join(pieces)
+    lo_w, hi_w = min(widths), max(widths)
     if trend.crossover is None:
-        trend.crossover_note = f"flat mean fit; widths where the gap's interval holds 0: {band}"
+        trend.crossover_note = f"no crossover of the mean fit within widths {limits}; widths where the gap's interval holds 0: {band}"
     elif lo_w <= trend.crossover <= hi_w:
         trend.crossover_note = f"the fit crosses 0 at d ≈ {trend.crossover:,.0f}, inside the measured range; 95% band {band}"
     else:

@@ -191,3 +191,29 @@ def test_width_trend_in_the_summary_with_its_claim(tmp_path):
     page = results_doc.section("width_trend", s, None)
     assert "**Learning rates.**" in page and "**Width trend**" in page and f"{w['slope']:+.4f}" in page
     assert "Previous protocol" not in page
+
+
+def test_near_equal_lrs_are_one_grid_point_and_missing_columns_drop_nothing(tmp_path):
+    rows = []
+    for s in range(3):
+        for g in (0.5, 1.0):
+            for lr in (3e-3, 1e-2):
+                lr_written = np.nextafter(lr, 1) if s == 2 else lr  # went through arithmetic somewhere
+                rows.append(_row(identity=f"{g}-{lr}-{s}", gamma=g, lr=lr_written, weight_decay=np.nan, init_seed=s,
+                                 train_seed=s, final_val_loss=5 + g + (0 if lr == 3e-3 else 0.1) + s / 100))
+    sweep = load([_write(tmp_path, "near", rows)])
+    chosen = sweep.tuning.chosen
+    assert sweep.tuning.axes == ["lr"] and (chosen["lr"] == 3e-3).all() and (chosen["seeds"] == 3).all()
+    assert chosen["lr_tried"].map(len).tolist() == [2, 2]
+    assert len(sweep.complete) == 6  # every seed of each gamma, at its best lr
+
+
+def test_no_comparison_is_not_run_and_the_sign_is_the_comparisons_own():
+    empty = compare(pd.DataFrame({"init_seed": [], "train_seed": [], "v": []}),
+                    pd.DataFrame({"init_seed": [0], "train_seed": [0], "v": [1.0]}), "v")
+    assert verdict([empty], A_LOWER)[0] == "not run"
+    trend = [{"step": s, "n": 3, "diff": -0.1} for s in (0, 50, 80, 90, 100)]
+    assert settled(trend, final=-0.2)[0] is True
+    assert settled(trend, final=+0.2)[0] is False  # the curve disagrees with the comparison's own sign
+    # A last evaluation only some pairs logged does not end training.
+    assert settled([*trend, {"step": 110, "n": 1, "diff": +0.5}], final=-0.1)[0] is True
