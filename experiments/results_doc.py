@@ -8,7 +8,8 @@
 Every number in docs/results.md comes from a committed docs/results/<exp>/summary.json (a copy
 of the report's); the only hand-written text is docs/results/<exp>/reading.md, our reading of
 the numbers, included verbatim, and docs/results/<exp>/command.txt where the record was run with
-more than the experiment's own command (more seeds, say). `--collect` also shrinks the figures
+more than the experiment's own command (more seeds, say; one command per line, run in order
+into the same sweep folder). `--collect` also shrinks the figures
 worth keeping to small PNGs.
 """
 
@@ -113,8 +114,9 @@ def _margin(m: dict | None) -> str:
 
 def section(name: str, s: dict, reading: str | None, command: str | None = None) -> str:
     out = [f"## {name}", "", "```", experiment_header(name), "```", ""]
-    command = command or f"python sweep.py -m +experiment={name}"
-    out += [f"Command: `{command}`, then `make report SWEEP=sweeps/{name}`.", ""]
+    commands = (command or f"python sweep.py -m +experiment={name}").splitlines()
+    shown = ", then ".join(f"`{c.strip()}`" for c in commands if c.strip())
+    out += [f"Command{'s' if len(commands) > 1 else ''}: {shown}, then `make report SWEEP=sweeps/{name}`.", ""]
     sc = s["scale"]
     states = ", ".join(f"{v} {k.lower()}" for k, v in sc["states"].items())
     if not is_current(s):
@@ -221,6 +223,9 @@ def _pct(x) -> str:
 
 def render(docs: Path) -> str:
     parts = [HEADER]
+    changes = docs / "results" / "changes.md"
+    if changes.exists():  # hand-written, like the readings: what changed since the last record, and why
+        parts += ["## What changed from the previous record", "", changes.read_text().strip(), ""]
     rows, sections = [], []
     for name in EXPERIMENTS:
         path = docs / "results" / name / "summary.json"

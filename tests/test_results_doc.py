@@ -65,12 +65,16 @@ def test_each_record_has_the_grid_of_the_command_it_names(experiment):
 
     folder = DOCS / "results" / experiment
     command = folder / "command.txt"
-    args = shlex.split(command.read_text())[3:] if command.exists() else []  # after `python sweep.py -m`
+    lines = [line for line in command.read_text().splitlines() if line.strip()] if command.exists() else [""]
     yaml = OmegaConf.load(results_doc.REPO / "conf" / "experiment" / f"{experiment}.yaml")
     params = {k: str(v) for k, v in yaml.hydra.sweeper.params.items()}
-    space = parse_sweep([a for a in args if not a.startswith("+experiment=")], params)
+    points = set()  # one sweep folder: a later command's points add to the earlier ones'
+    for line in lines:
+        args = shlex.split(line)[3:]  # after `python sweep.py -m`
+        space = parse_sweep([a for a in args if not a.startswith("+experiment=")], params)
+        points |= {tuple(sorted(space.overrides_for(p))) for p in space.grid()}
     trials = json.loads((folder / "summary.json").read_text())["scale"]["trials"]
-    assert len(list(space.grid())) == trials, f"{experiment}: the record has {trials} trials, its command {len(list(space.grid()))}"
+    assert len(points) == trials, f"{experiment}: the record has {trials} trials, its command(s) {len(points)}"
 
 
 def test_a_command_txt_replaces_the_default_command(tmp_path):
@@ -78,3 +82,12 @@ def test_a_command_txt_replaces_the_default_command(tmp_path):
     assert "`python sweep.py -m +experiment=moe`" in results_doc.section("moe", summary, None)
     text = results_doc.section("moe", summary, None, "python sweep.py -m +experiment=moe seed=range(0,8)")
     assert "`python sweep.py -m +experiment=moe seed=range(0,8)`" in text
+
+
+def test_the_changes_note_cites_only_numbers_the_page_shows():
+    changes = DOCS / "results" / "changes.md"
+    if not changes.exists():
+        pytest.skip("no docs/results/changes.md")
+    page = (DOCS / "results.md").read_text().replace(changes.read_text().strip(), "")
+    stray = results_doc.numbers_in(changes.read_text()) - results_doc.numbers_in(page)
+    assert not stray, f"{changes} cites numbers the generated page does not show: {sorted(stray)}"
