@@ -13,7 +13,7 @@ from .conftest import CONF
 
 # experiment -> (grid size, preset(s), what each trial must look like)
 EXPECTED = {
-    "gamma_scan": (48, {"micro"}),
+    "gamma_scan": (36, {"micro"}),
     "eps_fix": (20, {"micro"}),
     "gate": (18, {"micro"}),
     "scaling": (18, {"nano", "micro", "mini"}),
