@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import matplotlib.ticker
 import numpy as np
 import pandas as pd
 
@@ -124,6 +125,7 @@ def width_trend(trend):
     ax.set_xscale("log")
     ax.set_xticks(d)
     ax.set_xticklabels([f"{int(x)}" for x in d])
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.set_xlabel(WIDTH_X)
     ax.set_ylabel("recipe − baseline [nats/token]")
     ax.set_title("Recipe against baseline over width (each at its own best lr)")

@@ -200,12 +200,8 @@ def protocol_lines(s: dict) -> list[str]:
                        [[str(p["d_model"]), str(p["pairs"]), _fmt(p["gap"]), f"[{_fmt(p['lo'])}, {_fmt(p['hi'])}]",
                          _lr(p["lr_recipe"]), _lr(p["lr_baseline"]), p["verdict"]] for p in w["points"]]), ""]
         if w["status"] == "fit":
-            lo = "unbounded" if w["crossover_lo"] is None else f"{w['crossover_lo']:,.0f}"
-            hi = "unbounded" if w["crossover_hi"] is None else f"{w['crossover_hi']:,.0f}"
             out += [f"Fit gap(d) = a + b·ln d per seed ({w['seeds']} seeds): slope b = {w['slope']:+.4f} nats per e-fold "
-                    f"of width, 95% interval [{w['slope_lo']:+.4f}, {w['slope_hi']:+.4f}]; crossover "
-                    + ("none" if w["crossover"] is None else f"d ≈ {w['crossover']:,.0f}")
-                    + f" (band [{lo}, {hi}]): {w['crossover_note']}.", ""]
+                    f"of width, 95% interval [{w['slope_lo']:+.4f}, {w['slope_hi']:+.4f}]; {w['crossover_note']}.", ""]
         else:
             out += [f"No fit: {w['status']}.", ""]
     return out

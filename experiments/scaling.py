@@ -152,6 +152,14 @@ def effective_size(sweep: Sweep, baseline_gamma: float = 0.5, prefer: dict[str, 
             baseline_gamma, setting, points=sizes)
     fit = fit_power_law(sizes["n_params"], sizes["loss"])
     losses = sizes["loss"].to_numpy(dtype=float)
+    if np.all(np.diff(losses) < 0) and fit.E <= 0:
+        # The offset sits on its bound: the losses fall too slowly over this range to tell the
+        # irreducible loss from the power law, and N_eff would be an extrapolation of nothing.
+        trend = " → ".join(f"{r['loss']:.4f} ({r['n_params'] / 1e6:.2f}M)" for _, r in sizes.iterrows())
+        return EffectiveSize(
+            f"the baseline's L(N) fit is degenerate (E = 0, α = {fit.alpha:.3f}: its loss falls only {trend} over "
+            f"a {sizes['n_params'].max() / sizes['n_params'].min():.0f}x range of N), so no effective size can be "
+            "read from it: train longer or span more sizes", baseline_gamma, setting, points=sizes)
     if not (np.all(np.diff(losses) < 0) and fit.A > 0 and fit.alpha > 0):
         # An effective size reads a variant's loss off the baseline's L(N); where a larger
         # baseline is not better (too few tokens for the larger models, typically) there is
