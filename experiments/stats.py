@@ -17,6 +17,7 @@ the smallest effect the data excludes), not run (nothing to compare).
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import asdict, dataclass
 
@@ -175,15 +176,14 @@ def _curves(frame: pd.DataFrame, key: str, pair_cols) -> pd.DataFrame:
     return pd.concat(rows).groupby([*pair_cols, "step"])[key].mean()
 
 
-_METRICS_CACHE: dict[str, pd.DataFrame] = {}
-
-
 def _read_metrics(path) -> pd.DataFrame:
-    if not isinstance(path, str):
-        return pd.DataFrame()
-    if path not in _METRICS_CACHE:
-        _METRICS_CACHE[path] = read_metrics(path)
-    return _METRICS_CACHE[path]
+    # Several claims compare the same trials: read each curve once per report.
+    return _read_metrics_cached(path) if isinstance(path, str) else pd.DataFrame()
+
+
+@functools.lru_cache(maxsize=4096)
+def _read_metrics_cached(path: str) -> pd.DataFrame:
+    return read_metrics(path)
 
 
 def gap_over_training(a: pd.DataFrame, b: pd.DataFrame, key: str, pair_cols=SEED_COLS) -> list[dict] | None:

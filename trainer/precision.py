@@ -40,18 +40,19 @@ class DtypeChoice:
 
 
 def _cpu_identity() -> tuple[str, set[str]]:
-    model, flags = platform.processor() or platform.machine(), set()
+    """(CPU model, feature flags) from /proc/cpuinfo; the platform's name and no flags elsewhere."""
+    model, flags = "", set()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             key, _, value = line.partition(":")
             key = key.strip().lower()
-            if key in ("model name", "cpu part") and model in ("", platform.machine(), platform.processor()):
+            if key in ("model name", "cpu part") and not model:
                 model = value.strip()
             elif key in ("flags", "features") and not flags:
                 flags = set(value.split())
     except OSError:
         pass
-    return model, flags
+    return model or platform.processor() or platform.machine(), flags
 
 
 def _matmul_gflops(dtype: torch.dtype, reps: int = 5) -> float:
