@@ -22,7 +22,7 @@ log = logging.getLogger("smallinit")
 def main(cfg: DictConfig) -> float | None:
     from hydra.core.hydra_config import HydraConfig
 
-    from model import ConfigError
+    from core.errors import ConfigError
     from trainer.config import trial_config_from_dict
     from trainer.loop import run_trial
     from trainer.reporting import ConsoleReporter
@@ -51,7 +51,7 @@ def main(cfg: DictConfig) -> float | None:
 def cli() -> None:
     from pathlib import Path
 
-    from model import ConfigError
+    from core.errors import ConfigError
     from sweeper.precheck import precheck
 
     try:

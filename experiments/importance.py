@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from core.errors import first_line
+
 
 def _find_study(db: Path, name: str, identities: set[str]):
     import optuna
@@ -62,8 +64,7 @@ def importances(sweep_dir: Path, results: pd.DataFrame) -> tuple[dict[str, float
     try:
         imp = optuna.importance.get_param_importances(study, evaluator=evaluator)
     except Exception as e:  # evaluators raise on degenerate data (one distinct value, ...)
-        first = str(e).splitlines()[0] if str(e) else ""
-        return None, f"{sweep_dir.name}: Optuna could not rank the parameters ({type(e).__name__}: {first})."
+        return None, f"{sweep_dir.name}: Optuna could not rank the parameters ({type(e).__name__}: {first_line(e)})."
     return ({k: float(v) for k, v in imp.items()},
             f"{sweep_dir.name} (study {study.study_name!r}): importances of {len(imp)} parameter(s) over {len(done)} "
             f"completed trials ({evaluator_name or 'Optuna default'} evaluator). With one parameter its importance is 1 "

@@ -20,6 +20,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from core.errors import first_line
+
 from .tuning import OPTIM_COLS, Tuning, tune
 
 
@@ -118,7 +120,7 @@ def load(dirs: list[Path], metric: str = LOSS) -> Sweep:
         try:
             df = pd.read_parquet(d / "results.parquet")
         except Exception as e:  # pyarrow raises several types for a damaged file
-            raise ReportError(f"{d}/results.parquet cannot be read: {str(e).splitlines()[0]}") from None
+            raise ReportError(f"{d}/results.parquet cannot be read: {first_line(e)}") from None
         frames.append(df.assign(sweep=d.name))
     results = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
     if results.empty:

@@ -11,22 +11,15 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from core.errors import ConfigError, require
+
 NORM_TYPES = ("rmsnorm", "layernorm")
 GATE_TYPES = ("none", "headwise", "elementwise")
 FFN_TYPES = ("dense", "moe")
 
 
-class ConfigError(ValueError):
-    """A configuration value is out of range; the message names key, value and what is allowed."""
-
-
-def _require(ok: bool, key: str, value: Any, allowed: str) -> None:
-    if not ok:
-        raise ConfigError(f"{key}={value!r} is invalid: {allowed}")
-
-
 def _positive_int(key: str, value: Any) -> None:
-    _require(
+    require(
         isinstance(value, int) and not isinstance(value, bool) and value > 0,
         key,
         value,
@@ -35,7 +28,7 @@ def _positive_int(key: str, value: Any) -> None:
 
 
 def _finite_number(key: str, value: Any) -> None:
-    _require(
+    require(
         isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value),
         key,
         value,
@@ -50,9 +43,9 @@ class NormConfig:
     eps: float = 1e-5
 
     def __post_init__(self) -> None:
-        _require(self.type in NORM_TYPES, "norm.type", self.type, f"one of {list(NORM_TYPES)}")
+        require(self.type in NORM_TYPES, "norm.type", self.type, f"one of {list(NORM_TYPES)}")
         _finite_number("norm.eps", self.eps)
-        _require(self.eps >= 0, "norm.eps", self.eps, "must be >= 0")
+        require(self.eps >= 0, "norm.eps", self.eps, "must be >= 0")
 
 
 @dataclass(frozen=True)
@@ -62,7 +55,7 @@ class AttnConfig:
     gate: str = "none"
 
     def __post_init__(self) -> None:
-        _require(self.gate in GATE_TYPES, "attn.gate", self.gate, f"one of {list(GATE_TYPES)}")
+        require(self.gate in GATE_TYPES, "attn.gate", self.gate, f"one of {list(GATE_TYPES)}")
 
 
 @dataclass(frozen=True)
@@ -75,17 +68,17 @@ class FFNConfig:
     d_expert: int | None = None
 
     def __post_init__(self) -> None:
-        _require(self.type in FFN_TYPES, "ffn.type", self.type, f"one of {list(FFN_TYPES)}")
+        require(self.type in FFN_TYPES, "ffn.type", self.type, f"one of {list(FFN_TYPES)}")
         _positive_int("ffn.n_experts", self.n_experts)
         _positive_int("ffn.top_k", self.top_k)
-        _require(
+        require(
             self.top_k <= self.n_experts,
             "ffn.top_k",
             self.top_k,
             f"must be <= ffn.n_experts ({self.n_experts})",
         )
         _finite_number("ffn.aux_loss_coef", self.aux_loss_coef)
-        _require(self.aux_loss_coef >= 0, "ffn.aux_loss_coef", self.aux_loss_coef, "must be >= 0")
+        require(self.aux_loss_coef >= 0, "ffn.aux_loss_coef", self.aux_loss_coef, "must be >= 0")
         if self.d_expert is not None:
             _positive_int("ffn.d_expert", self.d_expert)
 
@@ -111,10 +104,10 @@ class InitConfig:
             if value is None and key != "gamma":
                 continue
             _finite_number(f"init.{key}", value)
-            _require(value > 0, f"init.{key}", value, "must be > 0")
+            require(value > 0, f"init.{key}", value, "must be > 0")
         # < 2^32: model/init.py seeds each generator with seed * 1_000_003 + crc32(name), which
         # must fit torch.Generator.manual_seed (64 bits).
-        _require(
+        require(
             isinstance(self.seed, int) and not isinstance(self.seed, bool) and 0 <= self.seed < 2**32,
             "init.seed",
             self.seed,
@@ -151,23 +144,23 @@ class ModelConfig:
         if self.n_kv_heads is None:
             object.__setattr__(self, "n_kv_heads", self.n_heads)
         _positive_int("model.n_kv_heads", self.n_kv_heads)
-        _require(
+        require(
             self.d_model % self.n_heads == 0,
             "model.n_heads",
             self.n_heads,
             f"must divide model.d_model ({self.d_model})",
         )
-        _require(
+        require(
             self.n_heads % self.n_kv_heads == 0,
             "model.n_kv_heads",
             self.n_kv_heads,
             f"must divide model.n_heads ({self.n_heads})",
         )
-        _require(self.head_dim % 2 == 0, "model.n_heads", self.n_heads, "must leave an even head_dim for RoPE")
+        require(self.head_dim % 2 == 0, "model.n_heads", self.n_heads, "must leave an even head_dim for RoPE")
         _finite_number("model.rope_theta", self.rope_theta)
-        _require(self.rope_theta > 0, "model.rope_theta", self.rope_theta, "must be > 0")
+        require(self.rope_theta > 0, "model.rope_theta", self.rope_theta, "must be > 0")
         for key, cls in (("norm", NormConfig), ("attn", AttnConfig), ("ffn", FFNConfig), ("init", InitConfig)):
-            _require(isinstance(getattr(self, key), cls), f"model.{key}", getattr(self, key), f"must be a {cls.__name__}")
+            require(isinstance(getattr(self, key), cls), f"model.{key}", getattr(self, key), f"must be a {cls.__name__}")
 
     @property
     def head_dim(self) -> int:

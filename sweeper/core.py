@@ -24,8 +24,8 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from model.config import ConfigError
-from trainer.checkpoint import atomic_write_json
+from core.errors import ConfigError, first_line
+from core.files import atomic_write_json
 from trainer.config import trial_config_from_dict
 
 from .config import SmallinitSweeperConf
@@ -49,7 +49,7 @@ class Composer:
         try:
             cfg = self.loader.load_sweep_config(self.base, overrides)
         except HydraException as e:
-            raise ConfigError(_first_line(e)) from None
+            raise ConfigError(first_line(e)) from None
         return overrides, cfg
 
     def spec(self, params: dict[str, Any], write: bool = False) -> TrialSpec:
@@ -76,7 +76,7 @@ class Composer:
         try:
             container = OmegaConf.to_container(job_cfg, resolve=True)
         except Exception as e:
-            raise ConfigError(_first_line(e)) from None
+            raise ConfigError(first_line(e)) from None
         if container.get("data", {}).get("paths"):  # workers may run elsewhere: pin user files
             container["data"]["paths"] = [str(Path(p).expanduser().absolute()) for p in container["data"]["paths"]]
         trial = trial_config_from_dict(container)
@@ -88,11 +88,6 @@ class Composer:
             wandb=dict(wandb_cfg), threads=int(ray_cfg.get("cpus_per_trial") or 1),
         )
         return spec, job_cfg
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__
 
 
 def _validate_data(data: dict[str, Any]) -> None:
@@ -145,7 +140,7 @@ def connect_ray(ray_cfg: dict[str, Any]) -> bool:
             ray.init(num_cpus=ray_cfg.get("num_cpus"), num_gpus=ray_cfg.get("num_gpus"), **kwargs)
     except Exception as e:
         raise ConfigError(
-            f"ray.address={address!r} is invalid: could not connect ({_first_line(e)}); "
+            f"ray.address={address!r} is invalid: could not connect ({first_line(e)}); "
             "start one with `ray start --head`, or leave ray.address=null for a local Ray"
         ) from None
     return True

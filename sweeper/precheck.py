@@ -16,7 +16,7 @@ from hydra.core.override_parser.types import IntervalSweep
 from hydra.errors import HydraException, MissingConfigException, OverrideParseException
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
 
-from model.config import ConfigError
+from core.errors import ConfigError, first_line
 
 # Flags that take a value or change what is composed: leave those command lines to Hydra.
 _HYDRA_FLAGS = ("-cn", "--config-name", "-cp", "--config-path", "-cd", "--config-dir", "--info", "-i",
@@ -31,7 +31,7 @@ def _stand_in(line: str, parser: OverridesParser) -> str:
     try:
         (override,) = parser.parse_overrides([line])
     except OverrideParseException as e:
-        raise ConfigError(f"{line} is invalid: {str(e).strip().splitlines()[0]} ({GRAMMAR})") from None
+        raise ConfigError(f"{line} is invalid: {first_line(e)} ({GRAMMAR})") from None
     if not override.is_sweep_override():
         return line
     key = override.get_key_element()
@@ -59,9 +59,8 @@ def _one_line(e: BaseException, overrides: list[str]) -> str:
     if isinstance(cause, ValidationError) and cause.full_key:  # a value of the wrong type
         given = next((o for o in reversed(overrides) if o.split("=", 1)[0].lstrip("+~") == cause.full_key),
                      cause.full_key)
-        return f"{given} is invalid: {str(cause).strip().splitlines()[0]}"
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__
+        return f"{given} is invalid: {first_line(cause)}"
+    return first_line(e)
 
 
 def precheck(argv: list[str], conf_dir: Path, config_name: str = "config") -> None:

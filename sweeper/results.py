@@ -8,13 +8,12 @@ Columns are documented in README.md ("The results table").
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from trainer.checkpoint import _atomic_write
+from core.files import atomic_write
 
 PROBE_SUMMARIES = ("attn_sink/mean", "stable_rank/mean", "row_cosine/mean", "saturation/mean", "residual_ratio/mean")
 
@@ -127,10 +126,6 @@ def build_table(sweep_dir: Path, study_states: dict[str, dict[str, Any]] | None 
 
 def write_table(sweep_dir: Path, df: pd.DataFrame) -> Path:
     path = Path(sweep_dir) / "results.parquet"
-    _atomic_write(path, lambda f: df.to_parquet(f, index=False))
+    atomic_write(path, lambda f: df.to_parquet(f, index=False))
     return path
 
-
-def newest_sweep(root: Path = Path("sweeps")) -> Path | None:
-    candidates = [p.parent for p in Path(root).glob("*/results.parquet")]
-    return max(candidates, key=lambda p: os.path.getmtime(p / "results.parquet")) if candidates else None

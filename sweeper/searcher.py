@@ -15,7 +15,7 @@ from optuna.distributions import BaseDistribution
 from optuna.trial import FrozenTrial, TrialState
 from ray.tune.search import Searcher
 
-from model.config import ConfigError
+from core.errors import ConfigError
 
 from .space import SweepSpace
 from .study import Pending, Study

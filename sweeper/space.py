@@ -27,7 +27,7 @@ from optuna.distributions import (
     IntDistribution,
 )
 
-from model.config import ConfigError
+from core.errors import ConfigError, first_line
 
 
 @dataclass(frozen=True)
@@ -127,8 +127,7 @@ def parse_sweep(arguments: list[str], params: dict[str, str] | None = None) -> S
         except OverrideParseException as e:
             from .precheck import GRAMMAR
 
-            first = str(e).strip().splitlines()[0]
-            raise ConfigError(f"{line} is invalid: {first} ({GRAMMAR})") from None
+            raise ConfigError(f"{line} is invalid: {first_line(e)} ({GRAMMAR})") from None
         key = override.get_key_element()
         if not override.is_sweep_override():
             space.fixed.append(line)

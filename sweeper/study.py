@@ -18,7 +18,7 @@ import sqlalchemy.exc
 from optuna.distributions import BaseDistribution
 from optuna.trial import FrozenTrial, TrialState
 
-from model.config import ConfigError
+from core.errors import ConfigError, first_line
 
 if TYPE_CHECKING:
     from .space import SweepSpace
@@ -53,7 +53,7 @@ def open_storage(url: str) -> optuna.storages.BaseStorage:
                     raise
                 time.sleep(0.2 * (attempt + 1))
     except Exception as e:  # SQLAlchemy raises many types: all mean the same to the user
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        reason = first_line(e)
         raise ConfigError(
             f"hydra.sweeper.storage={url!r} is invalid: {reason} (use sqlite:///path.db or a SQLAlchemy URL such as postgresql://user@host/db)"
         ) from None

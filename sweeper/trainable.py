@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainer.checkpoint import atomic_write_json
+from core.files import atomic_write_json
 from trainer.config import TrialConfig
 
 METRIC = "val_loss"  # what Tune, ASHA and the study optimise (val/loss, renamed for Tune)

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from model.config import ConfigError
+from core.errors import ConfigError
 
 VOCAB_SIZE = 100
 SEQ_LEN = 8

@@ -14,14 +14,13 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from core.errors import ConfigError, require
 from model.config import (
     AttnConfig,
-    ConfigError,
     FFNConfig,
     InitConfig,
     ModelConfig,
     NormConfig,
-    _require,
     llama_d_ff,
 )
 
@@ -45,15 +44,15 @@ class OptimConfig:
     min_lr_ratio: float = 0.1
 
     def __post_init__(self) -> None:
-        _require(isinstance(self.lr, int | float) and math.isfinite(self.lr) and self.lr > 0, "optim.lr", self.lr, "must be a number > 0")
-        _require(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), "optim.betas", self.betas, "two numbers in [0, 1)")
-        _require(self.eps >= 0, "optim.eps", self.eps, "must be >= 0")
-        _require(self.weight_decay >= 0, "optim.weight_decay", self.weight_decay, "must be >= 0")
-        _require(self.grad_clip is None or self.grad_clip > 0, "optim.grad_clip", self.grad_clip, "must be > 0 or null")
-        _require(self.schedule in SCHEDULES, "optim.schedule", self.schedule, f"one of {list(SCHEDULES)}")
-        _require(0 <= self.warmup_frac < 1, "optim.warmup_frac", self.warmup_frac, "must be in [0, 1)")
-        _require(0 < self.decay_frac <= 1, "optim.decay_frac", self.decay_frac, "must be in (0, 1]")
-        _require(0 <= self.min_lr_ratio <= 1, "optim.min_lr_ratio", self.min_lr_ratio, "must be in [0, 1]")
+        require(isinstance(self.lr, int | float) and math.isfinite(self.lr) and self.lr > 0, "optim.lr", self.lr, "must be a number > 0")
+        require(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), "optim.betas", self.betas, "two numbers in [0, 1)")
+        require(self.eps >= 0, "optim.eps", self.eps, "must be >= 0")
+        require(self.weight_decay >= 0, "optim.weight_decay", self.weight_decay, "must be >= 0")
+        require(self.grad_clip is None or self.grad_clip > 0, "optim.grad_clip", self.grad_clip, "must be > 0 or null")
+        require(self.schedule in SCHEDULES, "optim.schedule", self.schedule, f"one of {list(SCHEDULES)}")
+        require(0 <= self.warmup_frac < 1, "optim.warmup_frac", self.warmup_frac, "must be in [0, 1)")
+        require(0 < self.decay_frac <= 1, "optim.decay_frac", self.decay_frac, "must be in (0, 1]")
+        require(0 <= self.min_lr_ratio <= 1, "optim.min_lr_ratio", self.min_lr_ratio, "must be in [0, 1]")
 
 
 @dataclass(frozen=True)
@@ -82,28 +81,28 @@ class TrainConfig:
     def __post_init__(self) -> None:
         for key in ("batch_size", "seq_len", "grad_accum", "eval_every", "probe_batch"):
             value = getattr(self, key)
-            _require(isinstance(value, int) and value > 0, f"train.{key}", value, "must be a positive integer")
+            require(isinstance(value, int) and value > 0, f"train.{key}", value, "must be a positive integer")
         for key in ("eval_tokens", "per_token_eval_tokens", "probe_every", "ckpt_every", "seed"):
             value = getattr(self, key)
-            _require(isinstance(value, int) and value >= 0, f"train.{key}", value, "must be an integer >= 0")
-        _require(
+            require(isinstance(value, int) and value >= 0, f"train.{key}", value, "must be an integer >= 0")
+        require(
             self.max_tokens is not None or self.max_steps is not None,
             "train.max_tokens",
             self.max_tokens,
             "set train.max_tokens or train.max_steps",
         )
         if self.max_steps is not None:
-            _require(isinstance(self.max_steps, int) and self.max_steps > 0, "train.max_steps", self.max_steps, "must be a positive integer")
+            require(isinstance(self.max_steps, int) and self.max_steps > 0, "train.max_steps", self.max_steps, "must be a positive integer")
         elif self.max_tokens is not None:
-            _require(
+            require(
                 isinstance(self.max_tokens, int) and self.max_tokens >= self.tokens_per_step,
                 "train.max_tokens",
                 self.max_tokens,
                 f"must be an integer >= one step's tokens (batch_size*seq_len*grad_accum = {self.tokens_per_step})",
             )
-        _require(self.device in DEVICES, "train.device", self.device, f"one of {list(DEVICES)}")
-        _require(self.dtype in DTYPES, "train.dtype", self.dtype, f"one of {list(DTYPES)}")
-        _require(self.threads is None or self.threads > 0, "train.threads", self.threads, "must be > 0 or null")
+        require(self.device in DEVICES, "train.device", self.device, f"one of {list(DEVICES)}")
+        require(self.dtype in DTYPES, "train.dtype", self.dtype, f"one of {list(DTYPES)}")
+        require(self.threads is None or self.threads > 0, "train.threads", self.threads, "must be > 0 or null")
 
     @property
     def tokens_per_step(self) -> int:
@@ -163,9 +162,9 @@ def _derive_width(shape: dict[str, Any], head_dim: Any, base: ModelConfig) -> No
     if "d_model" in shape and "d_ff" not in shape and isinstance(d, int) and d > 0:
         shape["d_ff"] = llama_d_ff(d)
     if head_dim is not None:
-        _require(isinstance(head_dim, int) and head_dim > 0 and isinstance(d, int) and d % head_dim == 0,
+        require(isinstance(head_dim, int) and head_dim > 0 and isinstance(d, int) and d % head_dim == 0,
                  "model.head_dim", head_dim, f"must be a positive integer dividing model.d_model ({d})")
-        _require("n_heads" not in shape, "model.n_heads", shape.get("n_heads"), "leave null when model.head_dim is set")
+        require("n_heads" not in shape, "model.n_heads", shape.get("n_heads"), "leave null when model.head_dim is set")
         shape["n_heads"] = d // head_dim
 
 
@@ -183,13 +182,13 @@ def trial_config_from_dict(cfg: dict[str, Any]) -> TrialConfig:
         overrides["ffn"] = FFNConfig(**_only_known("model.ffn", dict(ffn), FFNConfig))
     data = dict(cfg["data"])
     task = data.get("task", "lm")
-    _require(task in TASKS, "data.task", task, f"one of {list(TASKS)}")
+    require(task in TASKS, "data.task", task, f"one of {list(TASKS)}")
     train = TrainConfig(**_only_known("train", dict(cfg["train"]), TrainConfig))
     # The data decides the vocabulary: the model gets data.vocab_size unless model.vocab_size
     # is set, which must then cover it.
     data_vocab = data.get("vocab_size") if task == "lm" else ANCHOR_VOCAB
     overrides.setdefault("vocab_size", data_vocab)
-    _require(
+    require(
         overrides["vocab_size"] >= data_vocab,
         "model.vocab_size",
         overrides["vocab_size"],
@@ -204,10 +203,10 @@ def trial_config_from_dict(cfg: dict[str, Any]) -> TrialConfig:
         **overrides,
     )
     if train.tokens_per_param is not None:
-        _require(train.tokens_per_param > 0, "train.tokens_per_param", train.tokens_per_param, "must be > 0 or null")
+        require(train.tokens_per_param > 0, "train.tokens_per_param", train.tokens_per_param, "must be > 0 or null")
         budget = int(train.tokens_per_param * model.num_params(active=True))
         train = dataclasses.replace(train, max_tokens=max(budget, train.tokens_per_step), max_steps=None)
-    _require(train.seq_len <= model.max_seq_len, "train.seq_len", train.seq_len, f"must be <= model.max_seq_len ({model.max_seq_len})")
+    require(train.seq_len <= model.max_seq_len, "train.seq_len", train.seq_len, f"must be <= model.max_seq_len ({model.max_seq_len})")
     optim_d = dict(_only_known("optim", dict(cfg["optim"]), OptimConfig))
     if "betas" in optim_d:
         optim_d["betas"] = tuple(optim_d["betas"])

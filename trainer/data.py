@@ -34,11 +34,11 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from model.config import ConfigError
+from core.errors import ConfigError, require
 
 if TYPE_CHECKING:
     import torch
@@ -67,35 +67,35 @@ class DataConfig:
         if isinstance(self.paths, str) or not all(isinstance(p, str) for p in self.paths):
             raise ConfigError(f"data.paths={self.paths!r} is invalid: a list of file paths or globs")
         object.__setattr__(self, "paths", tuple(self.paths))
-        _require(self.corpus in CORPORA, "data.corpus", self.corpus, f"one of {list(CORPORA)}")
-        _require(self.dtype in DTYPES, "data.dtype", self.dtype, f"one of {list(DTYPES)}")
+        require(self.corpus in CORPORA, "data.corpus", self.corpus, f"one of {list(CORPORA)}")
+        require(self.dtype in DTYPES, "data.dtype", self.dtype, f"one of {list(DTYPES)}")
         is_int = isinstance(self.vocab_size, int) and not isinstance(self.vocab_size, bool)
         low = 2 if self.corpus == "tokens" else MIN_TEXT_VOCAB
-        _require(is_int and low <= self.vocab_size <= 2**32, "data.vocab_size", self.vocab_size,
+        require(is_int and low <= self.vocab_size <= 2**32, "data.vocab_size", self.vocab_size,
                  f"an int in [{low}, 2**32]" + ("" if low == 2 else " (256 bytes + <|endoftext|>)"))
-        _require(isinstance(self.val_fraction, (int, float)) and 0 < self.val_fraction <= 0.5,
+        require(isinstance(self.val_fraction, (int, float)) and 0 < self.val_fraction <= 0.5,
                  "data.val_fraction", self.val_fraction, "a number in (0, 0.5]")
-        _require(isinstance(self.split_seed, int) and self.split_seed >= 0, "data.split_seed",
+        require(isinstance(self.split_seed, int) and self.split_seed >= 0, "data.split_seed",
                  self.split_seed, "an int >= 0")
-        _require(isinstance(self.cache_dir, str) and bool(self.cache_dir), "data.cache_dir",
+        require(isinstance(self.cache_dir, str) and bool(self.cache_dir), "data.cache_dir",
                  self.cache_dir, "a non-empty path")
         if self.corpus == "bilingual":
-            _require(not self.paths, "data.paths", self.paths, "empty for corpus 'bilingual'")
+            require(not self.paths, "data.paths", self.paths, "empty for corpus 'bilingual'")
             return
-        _require(bool(self.paths), "data.paths", self.paths,
+        require(bool(self.paths), "data.paths", self.paths,
                  f"at least one file or glob for corpus {self.corpus!r}")
         for pattern, files in corpus_mod.expand(self.paths).items():
-            _require(bool(files), "data.paths", self.paths, f"no file matches {pattern!r}")
+            require(bool(files), "data.paths", self.paths, f"no file matches {pattern!r}")
             if self.corpus == "text":
                 bad = [str(f) for f in files if f.suffix not in (".txt", ".jsonl")]
-                _require(not bad, "data.paths", self.paths, f"only .txt/.jsonl files, got {bad}")
+                require(not bad, "data.paths", self.paths, f"only .txt/.jsonl files, got {bad}")
         if self.corpus == "tokens":
             files = self.files()
-            _require(len(files) in (1, 2), "data.paths", self.paths,
+            require(len(files) in (1, 2), "data.paths", self.paths,
                      f"train.bin [val.bin] for corpus 'tokens', matched {len(files)} files")
             size = np.dtype(self.dtype).itemsize
             for f in files:
-                _require(f.stat().st_size % size == 0 and f.stat().st_size > 0, "data.paths",
+                require(f.stat().st_size % size == 0 and f.stat().st_size > 0, "data.paths",
                          self.paths, f"{f} is not a non-empty array of {self.dtype}")
 
     @property
@@ -108,11 +108,6 @@ class DataConfig:
         for files in corpus_mod.expand(self.paths).values():
             out += [f for f in files if f not in out]
         return out
-
-
-def _require(ok: bool, key: str, value: Any, allowed: str) -> None:
-    if not ok:
-        raise ConfigError(f"{key}={value!r} is invalid: {allowed}")
 
 
 @dataclass(frozen=True)
@@ -309,7 +304,7 @@ def _build_tokens(cfg: DataConfig, files: list[Path]) -> dict:
     val = arrays[-1][val_slice[0]:val_slice[1]]
     for name, arr in (("train", train), ("val", val)):
         top = int(_sample(arr).max())
-        _require(top < cfg.vocab_size, "data.vocab_size", cfg.vocab_size,
+        require(top < cfg.vocab_size, "data.vocab_size", cfg.vocab_size,
                  f"> every token id, but {name} tokens reach {top}")
     return {**_token_stats(train, val, cfg.vocab_size), "dtype": cfg.dtype,
             "tokenizer_vocab_size": cfg.vocab_size, "eot_id": None,

@@ -21,9 +21,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from core.files import atomic_write_json
 from model import Transformer, run_probes
 
-from .checkpoint import atomic_write_json, load_checkpoint, save_checkpoint
+from .checkpoint import load_checkpoint, save_checkpoint
 from .config import TrialConfig
 from .precision import autocast_for, resolve_dtype
 from .reporting import JsonlReporter, MultiReporter, Reporter, Timer
