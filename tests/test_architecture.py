@@ -1,0 +1,62 @@
+"""The floors: which package may import which (README "Layout"). A new import that goes up a
+floor, or a private name taken from another package, fails here rather than in review."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+# package -> the packages it may import (besides itself). core is the ground floor; experiments
+# reads what the sweeper wrote through core's schema, so it needs neither trainer nor sweeper.
+ALLOWED = {
+    "core": set(),
+    "model": {"core"},
+    "trainer": {"core", "model"},
+    "sweeper": {"core", "model", "trainer"},
+    "experiments": {"core", "model"},
+    "bench": {"core", "model", "trainer", "sweeper"},
+    "hydra_plugins": {"core", "sweeper"},
+}
+
+
+def _imports(package: str, root: Path = REPO):
+    """(file, line, imported top-level package, imported names) for every import in package,
+    those inside functions included (a lazy import is still a dependency)."""
+    for path in sorted((root / package).rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                for a in node.names:
+                    yield path, node.lineno, a.name.split(".")[0], []
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                yield path, node.lineno, node.module.split(".")[0], [a.name for a in node.names]
+
+
+@pytest.mark.parametrize("package", list(ALLOWED))
+def test_imports_go_down_the_floors(package):
+    ours = set(ALLOWED)
+    wrong = [f"{p.relative_to(REPO)}:{line} imports {top}"
+             for p, line, top, _ in _imports(package)
+             if top in ours and top != package and top not in ALLOWED[package]]
+    assert not wrong, f"{package} may import only {sorted(ALLOWED[package])}:\n" + "\n".join(wrong)
+
+
+@pytest.mark.parametrize("package", list(ALLOWED))
+def test_no_private_name_crosses_packages(package):
+    wrong = [f"{p.relative_to(REPO)}:{line} takes {n} from {top}"
+             for p, line, top, names in _imports(package)
+             if top in ALLOWED and top != package
+             for n in names if n.startswith("_") and not n.startswith("__")]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_walker_sees_lazy_and_private_imports(tmp_path):
+    # The walker sees a lazy, upward import; without this the tests above could pass vacuously.
+    pkg = tmp_path / "model"
+    pkg.mkdir()
+    (pkg / "x.py").write_text("def f():\n    from sweeper.core import _private\n")
+    found = list(_imports("model", tmp_path))
+    assert [(top, names) for _, _, top, names in found] == [("sweeper", ["_private"])]
