@@ -2,7 +2,8 @@
 SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed
+comma := ,
+STAMP = $(VENV)/.installed.$(subst $(comma),-,$(EXTRAS))
 
 # The torch build is a choice made here, not a hard requirement of the package:
 # on a machine without an NVIDIA GPU we pin the CPU wheel (a loose spec would pull a
@@ -12,6 +13,9 @@ HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo 1)
 TORCH_SPEC ?= $(if $(HAS_GPU),torch,torch==2.13.0)
 TORCH_INDEX ?=
 PIP_TORCH_INDEX := $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX),)
+# Optional extras of pyproject.toml; add postgres for a team study on PostgreSQL:
+# `make install EXTRAS=dev,dashboard,postgres`. Each set of extras keeps its own stamp.
+EXTRAS ?= dev,dashboard
 
 SWEEP ?=
 ARGS ?=
@@ -23,13 +27,13 @@ SWEEP_GRID ?= init.gamma=0.5,0.75,1.0,1.25 norm.eps=1e-5,1e-12
 help: ## Show this help
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
 
-install: $(STAMP) ## Create ./.venv with torch ($(TORCH_SPEC)) and smallinit
+install: $(STAMP) ## Create ./.venv with torch ($(TORCH_SPEC)) and smallinit[$(EXTRAS)]
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(PIP_TORCH_INDEX) "$(TORCH_SPEC)"
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -e '.[$(EXTRAS)]'
 	@touch $(STAMP)
 
 sweep: install ## Run the main sweep: gamma x eps on the CPU default model (ARGS=... adds overrides)
@@ -63,9 +67,8 @@ bench: install ## Run the benchmarks, write bench/results.json and bench/results
 lint: install ## ruff check
 	$(VENV)/bin/ruff check .
 
-dashboard: install ## Open optuna-dashboard on the newest sweep's study (or SWEEP=sweeps/<name>)
-	$(PY) -m pip install -q optuna-dashboard
-	$(VENV)/bin/optuna-dashboard sqlite:///$$(realpath $${SWEEP:-$$(ls -td sweeps/*/ | head -1)})/optuna.db
+dashboard: install ## optuna-dashboard on the newest sweep's study (or SWEEP=sweeps/<name>, or STORAGE=postgresql://...)
+	$(PY) -m sweeper.dashboard $(SWEEP) $(if $(STORAGE),--storage '$(STORAGE)',) $(ARGS)
 
 clean: ## Remove build and test debris (keeps sweeps, reports and the venv)
 	rm -rf .pytest_cache .ruff_cache build *.egg-info

@@ -7,6 +7,7 @@ skip finished trials and to reuse (not duplicate) trials a killed driver left RU
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import time
 from dataclasses import dataclass
@@ -33,10 +34,38 @@ def default_storage_url(sweep_dir: Path) -> str:
 
 
 SCHEMA_RACE_RETRIES = 5
+POSTGRES_EXTRA = "pip install -e '.[postgres]' (or: make install EXTRAS=dev,dashboard,postgres)"
+
+
+def storage_url(url: str) -> str:
+    """The SQLAlchemy URL to open. A plain postgresql:// URL means SQLAlchemy's default driver,
+    psycopg2; the postgres extra installs psycopg 3, so the URL is pointed at the driver that is
+    there. Without either, one line names the extra to install."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme.split("+")[0] not in ("postgresql", "postgres"):
+        return url
+    if "+" in scheme:  # the user chose a driver: theirs to install
+        return url
+    if importlib.util.find_spec("psycopg2") is not None:
+        return f"postgresql://{rest}"
+    if importlib.util.find_spec("psycopg") is not None:
+        return f"postgresql+psycopg://{rest}"
+    raise ConfigError(f"hydra.sweeper.storage={redacted(url)!r} is invalid: no PostgreSQL driver is installed; "
+                      f"{POSTGRES_EXTRA}")
+
+
+def redacted(url: str) -> str:
+    """The URL with its password (if any) replaced by ***, for printing and logs."""
+    scheme, sep, rest = url.partition("://")
+    userinfo, at, host = rest.rpartition("@")
+    if not sep or not at or ":" not in userinfo:
+        return url
+    return f"{scheme}://{userinfo.split(':', 1)[0]}:***@{host}"
 
 
 def open_storage(url: str) -> optuna.storages.BaseStorage:
     """An RDB storage for any SQLAlchemy URL; a bad URL fails here, before any trial."""
+    url = storage_url(url)
     if url.startswith("sqlite:///"):
         Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
     # A generous SQLite timeout lets concurrent sweeps share one file safely.
@@ -55,7 +84,7 @@ def open_storage(url: str) -> optuna.storages.BaseStorage:
     except Exception as e:  # SQLAlchemy raises many types: all mean the same to the user
         reason = first_line(e)
         raise ConfigError(
-            f"hydra.sweeper.storage={url!r} is invalid: {reason} (use sqlite:///path.db or a SQLAlchemy URL such as postgresql://user@host/db)"
+            f"hydra.sweeper.storage={redacted(url)!r} is invalid: {reason} (use sqlite:///path.db or a SQLAlchemy URL such as postgresql://user@host/db)"
         ) from None
 
 

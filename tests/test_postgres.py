@@ -1,0 +1,159 @@
+"""The team path for real: sweeps against a PostgreSQL study on a server the tests start
+themselves (tests/postgres_server.py). Skipped, with the reason shown, only where the server
+binaries or the driver are absent; `.ci/run` installs both."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+import optuna
+import pandas as pd
+import pytest
+
+from core.errors import ConfigError
+from sweeper import study as study_mod
+
+from .conftest import REPO
+from .postgres_server import PostgresServer, missing_reason
+from .test_sweep import CARD, TINY_SWEEP, result_mtimes, sweep
+
+
+@pytest.fixture(scope="module")
+def pg():
+    why = missing_reason()
+    if why:
+        pytest.skip(why)
+    with PostgresServer() as server:
+        yield server
+
+
+def trials_at(url: str, name: str):
+    return optuna.load_study(study_name=name, storage=study_mod.storage_url(url)).get_trials(deepcopy=False)
+
+
+def test_a_plain_postgresql_url_opens_with_the_installed_driver(monkeypatch):
+    installed = {"psycopg"}
+    monkeypatch.setattr(study_mod.importlib.util, "find_spec", lambda name: object() if name in installed else None)
+    assert study_mod.storage_url("postgresql://me@db/optuna") == "postgresql+psycopg://me@db/optuna"
+    assert study_mod.storage_url("postgresql+psycopg2://me@db/optuna") == "postgresql+psycopg2://me@db/optuna"
+    assert study_mod.storage_url("sqlite:///x.db") == "sqlite:///x.db"
+    installed = {"psycopg2"}
+    assert study_mod.storage_url("postgresql://me@db/optuna") == "postgresql://me@db/optuna"
+    installed = set()
+    with pytest.raises(ConfigError) as e:
+        study_mod.storage_url("postgresql://me:s3cret@db/optuna")
+    assert "[postgres]" in str(e.value) and "hydra.sweeper.storage" in str(e.value) and "s3cret" not in str(e.value)
+
+
+def test_a_password_never_reaches_a_message():
+    assert study_mod.redacted("postgresql://me:s3cret@db:5432/optuna") == "postgresql://me:***@db:5432/optuna"
+    assert study_mod.redacted("postgresql://me@db/optuna") == "postgresql://me@db/optuna"
+    assert study_mod.redacted("sqlite:////tmp/a.db") == "sqlite:////tmp/a.db"
+
+
+def test_card_grid_on_a_postgres_study_records_each_trial_once_and_the_dashboard_reads_it(tmp_path, data_cache, pg):
+    url = pg.create("card")
+    proc = sweep(tmp_path, data_cache, *CARD, f"hydra.sweeper.storage={url}", "wandb.mode=disabled", "name=card")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    df = pd.read_parquet(tmp_path / "sweeps" / "card" / "results.parquet")
+    assert len(df) == 8 and set(df["state"]) == {"COMPLETE"} and df["identity"].is_unique
+    trials = trials_at(url, "card")
+    assert len(trials) == 8 and {t.state for t in trials} == {optuna.trial.TrialState.COMPLETE}
+    assert {t.user_attrs["identity"] for t in trials} == set(df["identity"])
+    assert sorted((t.params["init.gamma"], t.params["norm.eps"]) for t in trials) == sorted(
+        (g, e) for g in (0.5, 0.75, 1.0, 1.25) for e in (1e-5, 1e-12))
+    assert all(len(t.intermediate_values) == 3 and t.value > 0 for t in trials)
+    assert not (tmp_path / "sweeps" / "card" / "optuna.db").exists()  # the study lives in the server
+
+    again = sweep(tmp_path, data_cache, *CARD, f"hydra.sweeper.storage={url}", "wandb.mode=disabled", "name=card")
+    assert again.returncode == 0 and "8 trials (8 already done)" in again.stdout, again.stderr[-3000:]
+
+    # The dashboard the README shows, on the same URL: its API lists the study and its trials.
+    port = pg.port + 1
+    while _in_use(port):
+        port += 1
+    server = subprocess.Popen([sys.executable, "-m", "sweeper.dashboard", "--storage", url, "--port", str(port)],
+                              cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              start_new_session=True)
+    try:
+        studies = _get_json(f"http://127.0.0.1:{port}/api/studies", server)
+        (card,) = [s for s in studies["study_summaries"] if s["study_name"] == "card"]
+        detail = _get_json(f"http://127.0.0.1:{port}/api/studies/{card['study_id']}", server)
+        assert len(detail["trials"]) == 8
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=30)
+
+
+def test_two_sweeps_on_one_database_at_once_stay_complete_and_separate(tmp_path, data_cache, pg):
+    url = pg.create("team")
+    results = {}
+
+    def run(name, gammas):
+        results[name] = sweep(tmp_path, data_cache, f"init.gamma={gammas}", f"hydra.sweeper.storage={url}",
+                              "wandb.mode=disabled", f"name={name}")
+
+    threads = [threading.Thread(target=run, args=("left", "0.5,0.75,1.0")),
+               threading.Thread(target=run, args=("right", "1.0,1.25,1.5"))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for name, gammas in (("left", {0.5, 0.75, 1.0}), ("right", {1.0, 1.25, 1.5})):
+        assert results[name].returncode == 0, results[name].stderr[-3000:]
+        trials = trials_at(url, name)
+        assert len(trials) == 3 and {t.state for t in trials} == {optuna.trial.TrialState.COMPLETE}
+        assert {t.params["init.gamma"] for t in trials} == gammas
+
+
+def test_killed_driver_reruns_against_the_same_database_without_duplicates(tmp_path, data_cache, pg):
+    url = pg.create("killed")
+    args = [*CARD, "train.max_tokens=8192", "train.eval_every=16", "train.probe_every=0", "train.ckpt_every=8",
+            "wandb.mode=disabled", "name=killed", f"hydra.sweeper.storage={url}"]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "SMALLINIT_CACHE": str(data_cache)}
+    driver = subprocess.Popen([sys.executable, str(REPO / "sweep.py"), "-m", *TINY_SWEEP, *args], cwd=tmp_path,
+                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    sweep_dir = tmp_path / "sweeps" / "killed"
+    deadline = time.time() + 300
+    while len(result_mtimes(sweep_dir)) < 2 and time.time() < deadline and driver.poll() is None:
+        time.sleep(0.5)
+    os.killpg(driver.pid, signal.SIGKILL)
+    driver.wait()
+    finished = result_mtimes(sweep_dir)
+    assert 2 <= len(finished) < 8, "the driver should die mid-sweep"
+
+    proc = sweep(tmp_path, data_cache, *args)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    trials = trials_at(url, "killed")
+    identities = [t.user_attrs["identity"] for t in trials]
+    assert len(trials) == 8 and len(set(identities)) == 8
+    assert {t.state for t in trials} == {optuna.trial.TrialState.COMPLETE}
+    after = result_mtimes(sweep_dir)
+    assert {k: after[k] for k in finished} == finished  # finished trials were not trained again
+
+
+def _in_use(port: int) -> bool:
+    import socket
+
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _get_json(url: str, server: subprocess.Popen, timeout: float = 60) -> dict:
+    deadline = time.time() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=5) as r:
+                return json.loads(r.read())
+        except OSError:
+            if server.poll() is not None or time.time() > deadline:
+                out = server.stdout.read() if server.poll() is not None else ""
+                raise AssertionError(f"optuna-dashboard did not answer at {url}: {out[-2000:]}") from None
+            time.sleep(0.5)
