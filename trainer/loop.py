@@ -252,7 +252,7 @@ def run_trial(trial: TrialConfig, out_dir: Path, reporter: Reporter | None = Non
         artifacts=folder.artifacts(per_token_losses=bool(per_token)),
     )
     folder.write_result(asdict(result))
-    folder.drop_checkpoint()
+    folder.drop_checkpoint()  # after result.json: a kill in between still resumes
     return result
 
 
