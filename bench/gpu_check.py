@@ -29,6 +29,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from core.trial_dir import TrialDir
+
 MAX_EPOCHS = 4  # more passes than this measure memorisation, not the paper's question
 PRESETS = ("0.1b", "1.5b")
 GAMMAS = (0.5, 1.0)
@@ -78,17 +80,17 @@ def train_section(args, device: torch.device, log) -> list[dict]:
     for gamma in GAMMAS:
         for lr in LRS:
             trial = trial_for(preset, gamma, lr, args.data, vocab, budget, device.type, args.tiny)
-            out = args.out / f"run-g{gamma:g}-lr{lr:g}"
+            out = TrialDir(args.out / f"run-g{gamma:g}-lr{lr:g}")
             t0 = time.perf_counter()
-            res = run_trial(trial, out, log=lambda *_: None)
-            rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x.strip()]
+            res = run_trial(trial, out.path, log=lambda *_: None)
+            rows = [json.loads(x) for x in out.metrics.read_text().splitlines() if x.strip()]
             curve = [[r["step"], r["val/loss"]] for r in rows if r.get("val/loss") is not None]
             runs.append(dict(preset=preset, gamma=gamma, lr=lr, eps=1e-12, tokens=res.tokens, dtype=res.dtype,
                              final_val_loss=res.final_val_loss, unigram_entropy=res.unigram_entropy,
                              tokens_per_s=res.tokens_per_s, mfu=res.mfu, wall_s=time.perf_counter() - t0,
                              val_curve=curve))
-            for f in ("model.pt", "per_token_losses.npz"):
-                (out / f).unlink(missing_ok=True)  # the JSON is the record; weights would not come back anyway
+            for f in (out.model_weights, out.per_token_losses):
+                f.unlink(missing_ok=True)  # the JSON is the record; weights would not come back anyway
             log(f"train γ={gamma:g} lr={lr:g}: val loss {res.final_val_loss:.4f} ({res.tokens_per_s:,.0f} tok/s, "
                 f"{time.perf_counter() - t0:.0f} s)")
     return runs

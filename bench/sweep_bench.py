@@ -25,7 +25,6 @@ sampled from /proc once a second.
 from __future__ import annotations
 
 import concurrent.futures as cf
-import json
 import multiprocessing
 import os
 import shutil
@@ -35,6 +34,8 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+
+from core.trial_dir import TrialDir
 
 from .common import REPO, cache_dir, compose_trial, median, prepared_data, progress, spread
 
@@ -166,28 +167,31 @@ def sweep_run(n: int, settings, wandb_mode: str, cache: Path, repo: Path = REPO,
             t_end = time.time()
             proc.returncode = rc = os.waitstatus_to_exitcode(status)
             sampler.stop()
-        trials = sorted((cwd / "sweeps" / name / "trials").glob("*/result.json"))
+        trials = [d for d in TrialDir.all_in_sweep(cwd / "sweeps" / name) if d.finished]
         if rc != 0 or len(trials) != n:
             tail = log_path.read_text()[-2000:]
             raise RuntimeError(f"sweep of {n} trials exited {rc} with {len(trials)} results:\n{tail}")
         out = {"wall_s": t_end - t_start, "driver_peak_rss_mb": usage.ru_maxrss / 1024,
                "tree_peak_rss_mb": sampler.tree_rss_kb / 1024, "tree_max_processes": sampler.tree_max}
-        out.update(_timeline([p.parent for p in trials], t_start, t_end, settings.concurrency))
+        out.update(_timeline(trials, t_start, t_end, settings.concurrency))
         return out
     finally:
         shutil.rmtree(cwd, ignore_errors=True)
 
 
-def _timeline(dirs: list[Path], t_start: float, t_end: float, concurrency: int) -> dict:
-    planned = min((d / "sweep.json").stat().st_mtime for d in dirs)
-    start = sorted((d / "placement.json").stat().st_mtime for d in dirs)
-    run_start = [(d / "trial.json").stat().st_mtime for d in dirs]
-    ends = sorted((d / "result.json").stat().st_mtime for d in dirs)
-    init = [(d / "trial.json").stat().st_mtime - (d / "placement.json").stat().st_mtime for d in dirs]
-    in_trial = [(d / "result.json").stat().st_mtime - (d / "trial.json").stat().st_mtime for d in dirs]
+def _timeline(dirs: list[TrialDir], t_start: float, t_end: float, concurrency: int) -> dict:
+    def mtime(path: Path) -> float:
+        return path.stat().st_mtime
+
+    planned = min(mtime(d.sweep_json) for d in dirs)
+    start = sorted(mtime(d.placement_json) for d in dirs)
+    run_start = [mtime(d.trial_json) for d in dirs]
+    ends = sorted(mtime(d.result_json) for d in dirs)
+    init = [mtime(d.trial_json) - mtime(d.placement_json) for d in dirs]
+    in_trial = [mtime(d.result_json) - mtime(d.trial_json) for d in dirs]
     # Trial k (in start order) takes the slot freed by the (k - C)-th trial to end.
     dispatch = [start[k] - ends[k - concurrency] for k in range(concurrency, len(start))]
-    pids = {a["pid"] for d in dirs for a in json.loads((d / "placement.json").read_text())}
+    pids = {a["pid"] for d in dirs for a in d.read_attempts()}
     return {
         "worker_processes": len(pids),  # one per trial unless Tune reuses its actors
         "to_planned_s": planned - t_start,  # interpreter, Hydra, composing trials, Ray, study, data check

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from core import results_schema as schema
 from core.errors import first_line
 
 from .tuning import OPTIM_COLS, Tuning, tune
@@ -42,7 +43,7 @@ KNOWN_PARAMS = {
     "init.gamma", "seed", "arm", "init.seed", "train.seed", "norm.eps", "norm", "norm.type", "attn", "attn.gate",
     "model", "model.d_model", "model.n_layers", "optim.lr", "optim.weight_decay", "train.max_tokens", "ffn", "ffn.type",
 }
-LOSS = "final_val_loss"
+LOSS = schema.FINAL_VAL_LOSS
 
 
 @dataclass
@@ -61,10 +62,10 @@ class Sweep:
 
 
 def newest_sweep(root: Path = Path("sweeps")) -> Path:
-    candidates = [p.parent for p in Path(root).glob("*/results.parquet")]
+    candidates = [p.parent for p in Path(root).glob(f"*/{schema.RESULTS_FILE}")]
     if not candidates:
         raise ReportError(f"no sweep found: no {root}/*/results.parquet (run `make sweep` first, or pass SWEEP=<folder>)")
-    return max(candidates, key=lambda p: os.path.getmtime(p / "results.parquet"))
+    return max(candidates, key=lambda p: os.path.getmtime(schema.results_path(p)))
 
 
 def resolve_dirs(spec: str | None, root: Path = Path("sweeps")) -> list[Path]:
@@ -80,7 +81,7 @@ def resolve_dirs(spec: str | None, root: Path = Path("sweeps")) -> list[Path]:
             path = root / part
         if not path.is_dir():
             raise ReportError(f"sweep folder {part!r} does not exist")
-        if not (path / "results.parquet").exists():
+        if not schema.results_path(path).exists():
             raise ReportError(f"{path}/results.parquet is missing: the sweep has not finished (rerun its command to rebuild it)")
         dirs.append(path)
     if not dirs:
@@ -118,24 +119,24 @@ def load(dirs: list[Path], metric: str = LOSS) -> Sweep:
     frames = []
     for d in dirs:
         try:
-            df = pd.read_parquet(d / "results.parquet")
+            df = pd.read_parquet(schema.results_path(d))
         except Exception as e:  # pyarrow raises several types for a damaged file
             raise ReportError(f"{d}/results.parquet cannot be read: {first_line(e)}") from None
         frames.append(df.assign(sweep=d.name))
     results = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
     if results.empty:
         raise ReportError(f"{', '.join(str(d) for d in dirs)}: results.parquet has no trials")
-    if "identity" in results:
-        results = results.drop_duplicates("identity", keep="first").reset_index(drop=True)
+    if schema.IDENTITY in results:
+        results = results.drop_duplicates(schema.IDENTITY, keep="first").reset_index(drop=True)
     for col in (*SIZE_COLS, *SEED_COLS, *BASE_SETTING_COLS, *EXTRA_SETTING_COLS, *OPTIM_COLS, "gamma", "n_params", metric,
-                "state", "fail_reason", "unigram_entropy", "attn_sink", "saturation", "residual_ratio", "wall_s", "dtype"):
+                schema.STATE, schema.FAIL_REASON, "unigram_entropy", "attn_sink", "saturation", "residual_ratio", "wall_s", "dtype"):
         if col not in results:
             results[col] = np.nan
     if metric not in results:
         raise ReportError(f"results have no column {metric!r}")
-    done = results[(results["state"] == "COMPLETE") & np.isfinite(pd.to_numeric(results[metric], errors="coerce"))].copy()
+    done = results[(results[schema.STATE] == schema.COMPLETE) & np.isfinite(pd.to_numeric(results[metric], errors="coerce"))].copy()
     if done.empty:
-        states = results["state"].value_counts().to_dict()
+        states = results[schema.STATE].value_counts().to_dict()
         raise ReportError(f"no COMPLETE trial with a finite {metric} in {', '.join(str(d) for d in dirs)} (states: {states})")
     done[metric] = done[metric].astype(float)
     for col in SEED_COLS:

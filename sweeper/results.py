@@ -1,84 +1,67 @@
 """The results table: `results.parquet` in the sweep folder, one row per trial.
 
-Built from what the trials wrote (trial.json, result.json, failure.json) and the study's
-states, so it can always be rebuilt and never drops a finished trial. Written atomically.
-Columns are documented in README.md ("The results table").
+Built from what the trials wrote (core.trial_dir: trial.json, result.json, failure.json) and
+the study's states, so it can always be rebuilt and never drops a finished trial. Written
+atomically. Its columns are core.results_schema, documented in README.md ("The results table").
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from core import results_schema as schema
 from core.files import atomic_write
-
-PROBE_SUMMARIES = ("attn_sink/mean", "stable_rank/mean", "row_cosine/mean", "saturation/mean", "residual_ratio/mean")
-
-
-def _read(path: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads(path.read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return None
+from core.trial_dir import TrialDir
 
 
-def trial_row(trial_dir: Path, study_state: dict[str, Any] | None = None) -> dict[str, Any] | None:
-    meta = _read(trial_dir / "trial.json")
-    sweep = _read(trial_dir / "sweep.json") or {}
-    if meta is None and "config" in sweep:  # planned, but its worker never started training
-        meta = {"identity": sweep["identity"], "config": sweep["config"]}
+def trial_row(trial_dir: TrialDir, study_state: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    meta = trial_dir.read_trial(damaged_ok=True)
+    plan = trial_dir.read_sweep_plan()
+    if meta is None and "config" in plan:  # planned, but its worker never started training
+        meta = {"identity": plan["identity"], "config": plan["config"]}
     if meta is None:
         return None
     cfg = meta["config"]
     model, train = cfg["model"], cfg["train"]
-    result, failure = _read(trial_dir / "result.json"), _read(trial_dir / "failure.json")
+    result, failure = trial_dir.read_result(damaged_ok=True), trial_dir.read_failure(damaged_ok=True)
     study_state = study_state or {}
     if result is not None:
-        state = "COMPLETE"
+        state = schema.COMPLETE
     elif failure is not None:
-        state = "FAIL"
+        state = schema.FAIL
     else:
-        state = study_state.get("state") or "INTERRUPTED"
-        if state == "RUNNING":
-            state = "INTERRUPTED"
-    row: dict[str, Any] = {
-        "trial_number": study_state.get("number"),
-        "identity": meta["identity"],
-        "state": state,
-        "fail_reason": (failure or {}).get("reason") or study_state.get("fail_reason"),
-        **{f"param.{k}": v for k, v in sweep.get("params", {}).items()},
-        "model": cfg.get("preset"),
-        "n_params": None,
-        "d_model": model["d_model"],
-        "n_layers": model["n_layers"],
-        "gamma": model["init"]["gamma"],
-        "init_seed": model["init"]["seed"],
-        "eps": model["norm"]["eps"],
-        "norm": model["norm"]["type"],
-        "gate": model["attn"]["gate"],
-        "ffn": model["ffn"]["type"],
-        "task": cfg["data"].get("task", "lm"),
-        "train_seed": train["seed"],
-        "lr": cfg["optim"]["lr"],
-        "weight_decay": cfg["optim"]["weight_decay"],
-        "dtype": None,
-        "tokens": None,
-        "final_val_loss": None,
-        "best_val_loss": None,
-        "unigram_entropy": None,
-        "wall_s": None,
-        "tokens_per_s": None,
-        "mfu": None,
-        "node_id": ((_read(trial_dir / "placement.json") or [{}])[-1]).get("node_id"),
-        "attempts": len(_read(trial_dir / "placement.json") or []),
-        "trial_dir": str(trial_dir),
-        "metrics_path": str(trial_dir / "metrics.jsonl"),
-        "per_token_losses_path": None,
-        "probes_dir": str(trial_dir / "probes"),
-    }
+        state = study_state.get("state") or schema.INTERRUPTED
+        if state == schema.RUNNING:
+            state = schema.INTERRUPTED
+    attempts = trial_dir.read_attempts(damaged_ok=True)
+    row = schema.new_row(plan.get("params", {}))
+    row.update(
+        trial_number=study_state.get("number"),
+        identity=meta["identity"],
+        state=state,
+        fail_reason=(failure or {}).get("reason") or study_state.get("fail_reason"),
+        model=cfg.get("preset"),
+        d_model=model["d_model"],
+        n_layers=model["n_layers"],
+        gamma=model["init"]["gamma"],
+        init_seed=model["init"]["seed"],
+        eps=model["norm"]["eps"],
+        norm=model["norm"]["type"],
+        gate=model["attn"]["gate"],
+        ffn=model["ffn"]["type"],
+        task=cfg["data"].get("task", "lm"),
+        train_seed=train["seed"],
+        lr=cfg["optim"]["lr"],
+        weight_decay=cfg["optim"]["weight_decay"],
+        node_id=attempts[-1].get("node_id") if attempts else None,
+        attempts=len(attempts),
+        trial_dir=str(trial_dir.path),
+        metrics_path=str(trial_dir.metrics),
+        probes_dir=str(trial_dir.probes),
+    )
     if result is not None:
         final = result.get("final_metrics", {})
         row.update(
@@ -87,24 +70,15 @@ def trial_row(trial_dir: Path, study_state: dict[str, Any] | None = None) -> dic
             tokens_per_s=result["tokens_per_s"], mfu=result["mfu"], dtype=result.get("dtype"),
             per_token_losses_path=result["artifacts"].get("per_token_losses") or None,
         )
-        for key in PROBE_SUMMARIES:
-            row[key.replace("/mean", "")] = final.get(key)
+        for column in schema.PROBE_COLUMNS:
+            row[column.name] = final.get(schema.probe_metric(column))
         for key, value in final.items():
             if key.startswith("anchor/"):
-                row[key.replace("/", "_")] = value
-    elif state == "PRUNED":
-        last = _last_metrics(trial_dir / "metrics.jsonl")
+                row[schema.anchor_column(key)] = value
+    elif state == schema.PRUNED:
+        last = trial_dir.last_metrics()
         row.update(final_val_loss=last.get("val/loss"), best_val_loss=last.get("val/best_loss"), tokens=last.get("tokens"))
     return row
-
-
-def _last_metrics(path: Path) -> dict[str, Any]:
-    last: dict[str, Any] = {}
-    if path.exists():
-        for line in path.read_text().splitlines():
-            if line.strip():
-                last.update({k: v for k, v in json.loads(line).items() if v is not None})
-    return last
 
 
 def build_table(sweep_dir: Path, study_states: dict[str, dict[str, Any]] | None = None) -> pd.DataFrame:
@@ -112,20 +86,18 @@ def build_table(sweep_dir: Path, study_states: dict[str, dict[str, Any]] | None 
     plus the study's trials whose folders live elsewhere (a study shared between sweep
     folders), each identity once."""
     study_states = study_states or {}
-    trials_dir = Path(sweep_dir) / "trials"
-    dirs = {p.name: p for p in sorted(trials_dir.iterdir())} if trials_dir.exists() else {}
+    dirs = {d.identity: d for d in TrialDir.all_in_sweep(sweep_dir)}
     for ident, state in study_states.items():
         if ident not in dirs and state.get("trial_dir"):
-            dirs[ident] = Path(state["trial_dir"])
+            dirs[ident] = TrialDir(state["trial_dir"])
     rows = [row for ident, d in dirs.items() if (row := trial_row(d, study_states.get(ident))) is not None]
     df = pd.DataFrame(rows)
     if not df.empty:
-        df = df.sort_values("trial_number", na_position="last", kind="stable").reset_index(drop=True)
+        df = df.sort_values(schema.TRIAL_NUMBER, na_position="last", kind="stable").reset_index(drop=True)
     return df
 
 
 def write_table(sweep_dir: Path, df: pd.DataFrame) -> Path:
-    path = Path(sweep_dir) / "results.parquet"
+    path = schema.results_path(sweep_dir)
     atomic_write(path, lambda f: df.to_parquet(f, index=False))
     return path
-

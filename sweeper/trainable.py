@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from core.files import atomic_write_json
+from core.trial_dir import TrialDir
 from trainer.config import TrialConfig
 
 METRIC = "val_loss"  # what Tune, ASHA and the study optimise (val/loss, renamed for Tune)
@@ -119,23 +119,23 @@ def run_spec(config: dict[str, Any]) -> None:
     import torch
     from ray import tune
 
-    from trainer.loop import load_result, run_trial
+    from trainer.loop import run_trial
     from trainer.reporting import MultiReporter
 
     spec: TrialSpec = config["spec"]
-    out = Path(spec.out_dir)
+    out = TrialDir(spec.out_dir)
     torch.set_num_threads(max(1, spec.threads))
     _record_placement(out)
-    done = load_result(out)
+    done = out.read_result()
     if done is None:
         reporters = [TuneReporter(spec.trial.train.total_steps)]
         try:
             if spec.wandb.get("mode", "auto") != "disabled":
                 reporters.append(WandbReporter(spec))
-            done = _as_dict(run_trial(spec.trial, out, reporter=MultiReporter(*reporters), log=lambda *a: None))
+            done = _as_dict(run_trial(spec.trial, out.path, reporter=MultiReporter(*reporters), log=lambda *a: None))
         except Exception as e:  # recorded, not retried: the same config would fail again
             reason = f"{type(e).__name__}: {e}"
-            atomic_write_json(out / "failure.json", {"reason": reason, "traceback": traceback.format_exc()})
+            out.write_failure(reason, traceback.format_exc())
             tune.report({"failed": 1, "fail_reason": reason[:1000], "done_training": True})
             return
     final = {METRIC: done.get("final_val_loss"), "best_val_loss": done.get("best_val_loss"), "step": done["steps"],
@@ -144,15 +144,11 @@ def run_spec(config: dict[str, Any]) -> None:
     tune.report(final)
 
 
-def _record_placement(out: Path) -> None:
+def _record_placement(out: TrialDir) -> None:
     """Which node ran the trial (each attempt appends), for the results table."""
     import ray
 
-    context = ray.get_runtime_context()
-    path = out / "placement.json"
-    attempts = json.loads(path.read_text()) if path.exists() else []
-    attempts.append({"node_id": context.get_node_id(), "hostname": socket.gethostname(), "pid": os.getpid()})
-    atomic_write_json(path, attempts)
+    out.record_attempt(ray.get_runtime_context().get_node_id(), socket.gethostname(), os.getpid())
 
 
 def _as_dict(result) -> dict[str, Any]:

@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 import torch
 
+from core.trial_dir import TrialDir
 from model import ConfigError
 from trainer.config import OptimConfig, trial_config_from_dict
-from trainer.loop import TrialDiverged, flops_per_token, load_result, lr_at, run_trial
+from trainer.loop import TrialDiverged, flops_per_token, lr_at, run_trial
 
 from .conftest import run_cli
 
@@ -59,7 +60,7 @@ def test_same_config_same_curve(trial_config, tmp_path):
 def test_outputs_of_a_trial(trial_config, tmp_path):
     trial = trial_config()
     result = run_trial(trial, tmp_path, log=lambda *_: None)
-    assert load_result(tmp_path)["identity"] == trial.identity() == result.identity
+    assert TrialDir(tmp_path).read_result()["identity"] == trial.identity() == result.identity
     assert result.steps == 8 and result.tokens == 1024 and result.n_params == trial.model.num_params()
     per_token = np.load(tmp_path / "per_token_losses.npz")
     assert per_token["loss"].shape == per_token["targets"].shape == (256,)
@@ -96,7 +97,7 @@ def test_resume_gives_the_same_final_loss(trial_config, tmp_path):
     straight = run_trial(trial, tmp_path / "straight", log=lambda *_: None)
     with pytest.raises(KeyboardInterrupt):
         run_trial(trial, tmp_path / "resumed", reporter=_StopAt(9), log=lambda *_: None)
-    assert load_result(tmp_path / "resumed") is None
+    assert TrialDir(tmp_path / "resumed").read_result() is None
     resumed = run_trial(trial, tmp_path / "resumed", log=lambda *_: None)
     assert resumed.final_val_loss == straight.final_val_loss
     assert _losses(tmp_path / "resumed") == _losses(tmp_path / "straight")  # no step logged twice
@@ -150,7 +151,7 @@ def test_cli_single_run_prints_loss_and_outputs(data_cache, tmp_path):
     proc = run_cli([*TINY, "hydra.run.dir=run"], cwd=tmp_path, env={"SMALLINIT_CACHE": str(data_cache)})
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "unigram entropy" in proc.stdout and "outputs in" in proc.stdout
-    assert load_result(tmp_path / "run")["steps"] == 8
+    assert TrialDir(tmp_path / "run").read_result()["steps"] == 8
 
 
 def test_cli_rejects_bad_values_in_one_line(data_cache, tmp_path):
@@ -186,7 +187,7 @@ def test_default_micro_trial_learns_well_below_unigram_entropy(data_cache, tmp_p
     """The default trial, exactly as `python sweep.py` runs it (about a minute on 2 cores)."""
     proc = run_cli(["hydra.run.dir=run", "wandb.mode=disabled"], cwd=tmp_path, env={"SMALLINIT_CACHE": str(data_cache)})
     assert proc.returncode == 0, proc.stderr[-2000:]
-    result = load_result(tmp_path / "run")
+    result = TrialDir(tmp_path / "run").read_result()
     assert result["n_params"] > 5e6 and result["tokens"] == 122_880
     assert result["final_val_loss"] < result["unigram_entropy"] - 0.5, result
 

@@ -1,18 +1,12 @@
 """One trial: build the model, train it, evaluate and probe on a cadence, checkpoint, resume.
 
-Outputs in the trial folder:
-    trial.json            the resolved TrialConfig and its identity hash
-    metrics.jsonl         every logged step (train, val, probes, throughput)
-    probes/step_*.npz     row-cosine matrices at log-spaced probe steps (heatmaps)
-    per_token_losses.npz  loss of each token of the fixed eval slice, at the end
-    checkpoint.pt         latest state (model, optimizer, step), for resume; removed when done
-    model.pt              the final weights
-    result.json           the final summary (written atomically: its presence = done)
+Outputs in the trial folder (core.trial_dir.TrialDir names them): trial.json, metrics.jsonl,
+probes/, checkpoint.pt (removed when done), per_token_losses.npz, model.pt and, last,
+result.json, whose presence means the trial finished.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from dataclasses import asdict, dataclass, field
@@ -21,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from core.files import atomic_write_json
+from core.trial_dir import TrialDir
 from model import Transformer, run_probes
 
 from .checkpoint import load_checkpoint, save_checkpoint
@@ -126,8 +120,9 @@ def run_trial(trial: TrialConfig, out_dir: Path, reporter: Reporter | None = Non
     """Train one trial into out_dir, resuming from its checkpoint if one is there."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    folder = TrialDir(out_dir)
     t, identity = trial.train, trial.identity()
-    finished = load_result(out_dir)
+    finished = folder.read_result()
     if finished is not None:
         if finished["identity"] != identity:
             raise RuntimeError(f"{out_dir} holds finished trial {finished['identity']}, not {identity}: use another folder")
@@ -135,7 +130,7 @@ def run_trial(trial: TrialConfig, out_dir: Path, reporter: Reporter | None = Non
         return TrialResult(**finished)
     if t.threads:
         torch.set_num_threads(t.threads)
-    atomic_write_json(out_dir / "trial.json", {"identity": identity, "config": trial.to_dict()})
+    folder.write_trial(identity, trial.to_dict())
     device = resolve_device(t.device)
     precision = resolve_dtype(device, t.dtype)
     log(f"dtype: {precision.dtype} ({precision.reason})")
@@ -146,23 +141,22 @@ def run_trial(trial: TrialConfig, out_dir: Path, reporter: Reporter | None = Non
     optimizer = make_optimizer(model, trial.optim)
     total = t.total_steps
     start, best, prior_wall, prior_train = 0, None, 0.0, 0.0
-    ckpt_path = out_dir / "checkpoint.pt"
-    state = load_checkpoint(ckpt_path, identity, device)
+    state = load_checkpoint(folder.checkpoint, identity, device)
     if state is not None:
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         start, best = state["step"], state["best_val_loss"]
         prior_wall, prior_train = state["wall_s"], state["train_s"]
         log(f"resuming {identity} from step {start}/{total}")
-    jsonl = JsonlReporter(out_dir / "metrics.jsonl", resume_step=start if state is not None else None)
+    jsonl = JsonlReporter(folder.metrics, resume_step=start if state is not None else None)
     report = MultiReporter(jsonl, reporter)
     fwd = torch.compile(model) if t.compile else model
     probe_idx = task.probe_idx.to(device)
     flops_tok, peak = flops_per_token(trial), peak_flops(trial, device)
-    (out_dir / "probes").mkdir(exist_ok=True)
+    folder.probes.mkdir(exist_ok=True)
 
     def checkpoint(step: int) -> None:
-        save_checkpoint(ckpt_path, {
+        save_checkpoint(folder.checkpoint, {
             "identity": identity, "step": step, "best_val_loss": best, "model": model.state_dict(),
             "optimizer": optimizer.state_dict(), "wall_s": prior_wall + time.perf_counter() - t0,
             "train_s": prior_train + timer.elapsed,
@@ -182,7 +176,7 @@ def run_trial(trial: TrialConfig, out_dir: Path, reporter: Reporter | None = Non
             probes = run_probes(model, probe_idx)
             metrics.update(probes.scalars)
             if _is_heatmap_step(step, total, t.probe_every):
-                np.savez_compressed(out_dir / "probes" / f"step_{step:07d}.npz",
+                np.savez_compressed(folder.probe_snapshot(step),
                                     **{k: v.numpy().astype(np.float16) for k, v in probes.cosine_matrices.items()})
         if len(metrics) > len(train_stats):
             report.log(step, metrics)
@@ -241,10 +235,10 @@ def run_trial(trial: TrialConfig, out_dir: Path, reporter: Reporter | None = Non
                 checkpoint(done)
         per_token = task.per_token_losses(model.eval(), device, autocast)
         if per_token:
-            np.savez_compressed(out_dir / "per_token_losses.npz", **per_token)
+            np.savez_compressed(folder.per_token_losses, **per_token)
         # Done: keep the final weights (for later analysis), drop the optimizer state, which
         # is twice their size and only ever needed to resume.
-        save_checkpoint(out_dir / "model.pt", {"identity": identity, "step": total, "model": model.state_dict()})
+        save_checkpoint(folder.model_weights, {"identity": identity, "step": total, "model": model.state_dict()})
     finally:
         report.close()
 
@@ -255,14 +249,10 @@ def run_trial(trial: TrialConfig, out_dir: Path, reporter: Reporter | None = Non
         final_val_loss=last.get("val/loss"), best_val_loss=best, unigram_entropy=task.unigram_entropy,
         wall_s=prior_wall + time.perf_counter() - t0, tokens_per_s=tok_s,
         mfu=(tok_s * flops_tok / peak) if peak else None, dtype=precision.dtype, final_metrics=last,
-        artifacts={
-            "metrics": str(out_dir / "metrics.jsonl"), "probes": str(out_dir / "probes"),
-            "per_token_losses": str(out_dir / "per_token_losses.npz") if per_token else "",
-            "model": str(out_dir / "model.pt"),
-        },
+        artifacts=folder.artifacts(per_token_losses=bool(per_token)),
     )
-    atomic_write_json(out_dir / "result.json", asdict(result))
-    ckpt_path.unlink(missing_ok=True)  # after result.json: a kill in between still resumes
+    folder.write_result(asdict(result))
+    folder.drop_checkpoint()  # after result.json: a kill in between still resumes
     return result
 
 
@@ -277,9 +267,3 @@ def _check_finite(pending: torch.Tensor, first: int, last: int) -> float:
         where = f"step {last}" if first == last else f"a step in {first}-{last} (read every {last - first + 1})"
         raise TrialDiverged(f"diverged at {where}: loss={value}")
     return value
-
-
-def load_result(out_dir: Path) -> dict | None:
-    """The finished trial's summary, or None if it has not finished."""
-    path = Path(out_dir) / "result.json"
-    return json.loads(path.read_text()) if path.exists() else None

@@ -1,0 +1,114 @@
+"""The results table (`results.parquet` in a sweep folder): its columns, in one place.
+
+sweeper/results.py writes one row per trial in this order; experiments/load.py reads it; the
+README's "The results table" documents it. A row holds plain Python values (None where a
+trial has no value) and pandas infers the storage type, so an int column with a missing value
+is stored as float64: tables written before this module existed read back unchanged.
+
+Besides the fixed columns a row may carry `param.<key>` (each swept value, after the lead
+columns), the final probe means (finished trials) and `anchor_*` accuracies (data=anchor).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+RESULTS_FILE = "results.parquet"
+
+# Trial states. A study's Optuna state name passes through (PRUNED from ASHA, FAIL from the
+# study); the trial folder overrides it (result.json: COMPLETE, failure.json: FAIL).
+COMPLETE, PRUNED, FAIL, INTERRUPTED, RUNNING = "COMPLETE", "PRUNED", "FAIL", "INTERRUPTED", "RUNNING"
+
+# The columns code branches on, named once.
+TRIAL_NUMBER, IDENTITY, STATE, FAIL_REASON = "trial_number", "identity", "state", "fail_reason"
+FINAL_VAL_LOSS = "final_val_loss"
+
+PARAM_PREFIX = "param."
+ANCHOR_PREFIX = "anchor_"
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    kind: type  # int, float or str: what a row holds when the value is known
+    meaning: str
+
+
+LEAD_COLUMNS = (
+    Column(TRIAL_NUMBER, int, "the Optuna trial number"),
+    Column(IDENTITY, str, "hash of the resolved config (minus hardware and paths); the trial folder's name"),
+    Column(STATE, str, "COMPLETE, PRUNED, FAIL or INTERRUPTED"),
+    Column(FAIL_REASON, str, "why a FAIL failed"),
+)
+# param.<key> columns go here.
+SETTING_COLUMNS = (
+    Column("model", str, "the preset"),
+    Column("n_params", int, "parameter count (finished trials)"),
+    Column("d_model", int, "width"),
+    Column("n_layers", int, "depth"),
+    Column("gamma", float, "init.gamma"),
+    Column("init_seed", int, "init.seed"),
+    Column("eps", float, "norm.eps"),
+    Column("norm", str, "norm.type"),
+    Column("gate", str, "attn.gate"),
+    Column("ffn", str, "ffn.type"),
+    Column("task", str, "data.task"),
+    Column("train_seed", int, "train.seed"),
+    Column("lr", float, "optim.lr"),
+    Column("weight_decay", float, "optim.weight_decay"),
+)
+OUTCOME_COLUMNS = (
+    Column("dtype", str, "what train.dtype resolved to on the machine that ran the trial"),
+    Column("tokens", int, "training tokens seen"),
+    Column(FINAL_VAL_LOSS, float, "validation loss (nats/token) at the end"),
+    Column("best_val_loss", float, "validation loss at its best"),
+    Column("unigram_entropy", float, "entropy of the validation tokens' unigram distribution"),
+    Column("wall_s", float, "wall time"),
+    Column("tokens_per_s", float, "training throughput"),
+    Column("mfu", float, "model FLOPs utilisation (GPU)"),
+    Column("node_id", str, "the Ray node that ran the last attempt"),
+    Column("attempts", int, "how many attempts the trial took"),
+)
+ARTIFACT_COLUMNS = (
+    Column("trial_dir", str, "the trial folder"),
+    Column("metrics_path", str, "its metrics.jsonl"),
+    Column("per_token_losses_path", str, "its per_token_losses.npz (None when not written)"),
+    Column("probes_dir", str, "its probes/ folder"),
+)
+# Finished trials only: the final `<name>/mean` probe metric.
+PROBE_COLUMNS = (
+    Column("attn_sink", float, "final probe mean"),
+    Column("stable_rank", float, "final probe mean"),
+    Column("row_cosine", float, "final probe mean"),
+    Column("saturation", float, "final probe mean"),
+    Column("residual_ratio", float, "final probe mean"),
+)
+FIXED_COLUMNS = (*LEAD_COLUMNS, *SETTING_COLUMNS, *OUTCOME_COLUMNS, *ARTIFACT_COLUMNS)
+COLUMNS = {c.name: c for c in (*FIXED_COLUMNS, *PROBE_COLUMNS)}
+
+
+def new_row(params: dict) -> dict:
+    """A row in table order, every fixed column None, the swept params after the lead columns."""
+    row: dict = {c.name: None for c in LEAD_COLUMNS}
+    row.update({f"{PARAM_PREFIX}{k}": v for k, v in params.items()})
+    row.update({c.name: None for c in (*SETTING_COLUMNS, *OUTCOME_COLUMNS, *ARTIFACT_COLUMNS)})
+    return row
+
+
+def probe_metric(column: Column) -> str:
+    """The metrics key a probe column holds the final value of."""
+    return f"{column.name}/mean"
+
+
+def anchor_column(metric: str) -> str:
+    """`anchor/acc_x` -> `anchor_acc_x`."""
+    return metric.replace("/", "_")
+
+
+def is_known_column(name: str) -> bool:
+    return name in COLUMNS or name.startswith((PARAM_PREFIX, ANCHOR_PREFIX))
+
+
+def results_path(sweep_dir: str | Path) -> Path:
+    return Path(sweep_dir) / RESULTS_FILE

@@ -1,0 +1,198 @@
+"""One trial's folder: every file in it named, read and written here, and nowhere else.
+
+    .hydra/               the composed Hydra config and the overrides (sweeps only)
+    sweep.json            the planned trial (params, overrides, identity, resolved config),
+                          written by the sweep driver before any worker starts
+    placement.json        one entry per attempt: the Ray node, host and pid that ran it
+    trial.json            the resolved TrialConfig and its identity, written when training starts
+    metrics.jsonl         every logged step (train, val, probes, throughput)
+    probes/step_*.npz     row-cosine matrices at log-spaced probe steps (heatmaps)
+    checkpoint.pt         latest state (model, optimizer, step), for resume; removed when done
+    per_token_losses.npz  loss of each token of the fixed eval slice, at the end
+    model.pt              the final weights
+    result.json           the final summary: its presence means the trial finished
+    failure.json          why a trial raised or diverged (a deterministic failure, not retried)
+
+Every JSON file is written atomically, so a reader sees the old file or the new one. Readers
+that decide whether to train (the trainer, the worker) let a damaged file raise: taking a
+damaged result.json for "not finished" would train over a finished trial. The results table
+passes `damaged_ok=True`: one unreadable folder must not cost every other trial its row.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from .files import atomic_write_json
+
+TRIALS_FOLDER = "trials"  # a sweep folder keeps each trial at trials/<identity>/
+
+
+def _read_json(path: Path, damaged_ok: bool) -> Any:
+    """The file's JSON, None if it is missing (or damaged, with damaged_ok)."""
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except json.JSONDecodeError:
+        if damaged_ok:
+            return None
+        raise
+
+
+class TrialDir:
+    """A trial folder; creating one touches nothing on disk."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+
+    def __repr__(self) -> str:
+        return f"TrialDir({str(self.path)!r})"
+
+    @classmethod
+    def in_sweep(cls, sweep_dir: str | Path, identity: str) -> TrialDir:
+        return cls(Path(sweep_dir) / TRIALS_FOLDER / identity)
+
+    @classmethod
+    def all_in_sweep(cls, sweep_dir: str | Path) -> list[TrialDir]:
+        """Every trial folder of a sweep, in name order; [] before the first one is planned."""
+        root = Path(sweep_dir) / TRIALS_FOLDER
+        return [cls(p) for p in sorted(root.iterdir())] if root.exists() else []
+
+    @property
+    def identity(self) -> str:
+        return self.path.name
+
+    # ---- paths ----
+
+    @property
+    def hydra_config(self) -> Path:
+        return self.path / ".hydra" / "config.yaml"
+
+    @property
+    def hydra_overrides(self) -> Path:
+        return self.path / ".hydra" / "overrides.yaml"
+
+    @property
+    def sweep_json(self) -> Path:
+        return self.path / "sweep.json"
+
+    @property
+    def placement_json(self) -> Path:
+        return self.path / "placement.json"
+
+    @property
+    def trial_json(self) -> Path:
+        return self.path / "trial.json"
+
+    @property
+    def metrics(self) -> Path:
+        return self.path / "metrics.jsonl"
+
+    @property
+    def probes(self) -> Path:
+        return self.path / "probes"
+
+    def probe_snapshot(self, step: int) -> Path:
+        return self.probes / f"step_{step:07d}.npz"
+
+    @property
+    def checkpoint(self) -> Path:
+        return self.path / "checkpoint.pt"
+
+    @property
+    def per_token_losses(self) -> Path:
+        return self.path / "per_token_losses.npz"
+
+    @property
+    def model_weights(self) -> Path:
+        return self.path / "model.pt"
+
+    @property
+    def result_json(self) -> Path:
+        return self.path / "result.json"
+
+    @property
+    def failure_json(self) -> Path:
+        return self.path / "failure.json"
+
+    # ---- state ----
+
+    @property
+    def finished(self) -> bool:
+        return self.result_json.exists()
+
+    @property
+    def failed(self) -> bool:
+        return self.failure_json.exists()
+
+    def drop_checkpoint(self) -> None:
+        """Only after result.json is written: a kill in between still resumes."""
+        self.checkpoint.unlink(missing_ok=True)
+
+    def artifacts(self, per_token_losses: bool) -> dict[str, str]:
+        """result.json's `artifacts`: where the outputs are; per_token_losses "" when none were written."""
+        return {
+            "metrics": str(self.metrics), "probes": str(self.probes),
+            "per_token_losses": str(self.per_token_losses) if per_token_losses else "",
+            "model": str(self.model_weights),
+        }
+
+    # ---- sweep.json: the driver's plan ----
+
+    def write_sweep_plan(self, params: dict[str, Any], overrides: list[str], identity: str,
+                         config: dict[str, Any]) -> None:
+        atomic_write_json(self.sweep_json, {"params": params, "overrides": overrides, "identity": identity,
+                                            "config": config})
+
+    def read_sweep_plan(self) -> dict[str, Any]:
+        """The plan, {} if missing or damaged (only the results table reads it)."""
+        return _read_json(self.sweep_json, damaged_ok=True) or {}
+
+    # ---- placement.json: one entry per attempt ----
+
+    def record_attempt(self, node_id: str | None, hostname: str, pid: int) -> None:
+        attempts = self.read_attempts()
+        attempts.append({"node_id": node_id, "hostname": hostname, "pid": pid})
+        atomic_write_json(self.placement_json, attempts)
+
+    def read_attempts(self, damaged_ok: bool = False) -> list[dict[str, Any]]:
+        """Every attempt so far, oldest first; [] before the first."""
+        return _read_json(self.placement_json, damaged_ok) or []
+
+    # ---- trial.json: what run_trial is training ----
+
+    def write_trial(self, identity: str, config: dict[str, Any]) -> None:
+        atomic_write_json(self.trial_json, {"identity": identity, "config": config})
+
+    def read_trial(self, damaged_ok: bool = False) -> dict[str, Any] | None:
+        return _read_json(self.trial_json, damaged_ok)
+
+    # ---- result.json / failure.json: how it ended ----
+
+    def write_result(self, result: dict[str, Any]) -> None:
+        atomic_write_json(self.result_json, result)
+
+    def read_result(self, damaged_ok: bool = False) -> dict[str, Any] | None:
+        """The finished trial's summary, or None if it has not finished."""
+        return _read_json(self.result_json, damaged_ok)
+
+    def write_failure(self, reason: str, traceback: str) -> None:
+        atomic_write_json(self.failure_json, {"reason": reason, "traceback": traceback})
+
+    def read_failure(self, damaged_ok: bool = False) -> dict[str, Any] | None:
+        return _read_json(self.failure_json, damaged_ok)
+
+    # ---- metrics.jsonl ----
+
+    def last_metrics(self) -> dict[str, Any]:
+        """Each key's latest non-null value over all logged steps; {} without a metrics file.
+        A damaged line raises: the trainer flushes whole lines, so one means a real fault."""
+        last: dict[str, Any] = {}
+        if self.metrics.exists():
+            for line in self.metrics.read_text().splitlines():
+                if line.strip():
+                    last.update({k: v for k, v in json.loads(line).items() if v is not None})
+        return last
