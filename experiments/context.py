@@ -17,10 +17,14 @@ from .claims import Claim
 from .figures import Figures
 from .load import ReportError, Sweep, recipe_variant, variant_of
 from .mechanism import Balance
+from .render import Block
 from .scaling import EffectiveSize, effective_size
 from .stats import compare
 from .tokens import TokenResult
 from .width import WidthTrend
+
+# What a section returns: its blocks, in page order, and its keys of summary.json.
+Part = tuple[list[Block], dict]
 
 
 def best_gamma_table(df: pd.DataFrame, metric: str) -> pd.DataFrame:

@@ -12,12 +12,10 @@ import pandas as pd
 
 from . import anchor_phase, protocol
 from . import figures as F
-from .context import Context
+from .context import Context, Part
 from .importance import importances
 from .load import Sweep
 from .render import Block
-
-Part = tuple[list[Block], dict]
 
 PAPER_PARAMS = (0.1e9, 1.5e9)
 PAPER_TOKENS = 1e12

@@ -8,11 +8,9 @@ import numpy as np
 import pandas as pd
 
 from . import figures as F
-from .context import Context
+from .context import Context, Part
 from .mechanism import balance_setup, heatmap_panels
 from .render import Block
-
-Part = tuple[list[Block], dict]
 
 
 def _extreme(df: pd.DataFrame, recipe: str | None, size: str) -> list[str]:
