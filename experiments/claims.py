@@ -1,7 +1,7 @@
 """The paper's claims, each with the verdict this sweep supports and the numbers behind it.
 
 Verdicts are exactly "supported", "contradicted", "inconclusive" or "not run", with a reason.
-Comparisons between arms go through experiments.stats (paired by seed at each arm's own best
+Comparisons between variants go through experiments.stats (paired by seed at each side's own best
 lr, real only when the 95% interval excludes 0 and the ranking held over the last quarter of
 training; one seed decides nothing). An inconclusive claim states the smallest effect its data
 excludes. "Small init" means gamma >= 1 - NEAR_ONE; "near 1" means |gamma - 1| <= NEAR_ONE.
@@ -67,10 +67,10 @@ def best_gamma_claim(sweep: Sweep, best: pd.DataFrame, metric: str) -> Claim:
               "loss is lowest at γ = 1 and degrades for γ > 1", NOT_RUN, "")
     df = sweep.complete
     comps, above = [], False
-    for arm, g in df.groupby("arm"):
+    for gamma_curve, g in df.groupby("gamma_curve"):
         gammas = np.sort(g["gamma"].unique())
-        b = best[best["arm"] == arm].iloc[0]
-        c.evidence.append(f"{arm}: best γ = {b['best_gamma']:g} (loss {b['best_loss']:.4f}, {int(b['seeds'])} seed(s)) "
+        b = best[best["gamma_curve"] == gamma_curve].iloc[0]
+        c.evidence.append(f"{gamma_curve}: best γ = {b['best_gamma']:g} (loss {b['best_loss']:.4f}, {int(b['seeds'])} seed(s)) "
                           f"of γ ∈ {{{', '.join(f'{x:g}' for x in gammas)}}}")
         near = gammas[np.abs(gammas - 1) <= NEAR_ONE]
         if len(near) == 0 or len(gammas) < 2:
@@ -80,7 +80,7 @@ def best_gamma_claim(sweep: Sweep, best: pd.DataFrame, metric: str) -> Claim:
             above |= other > g1
             comp = compare(g[np.isclose(g["gamma"], g1)], g[np.isclose(g["gamma"], other)], metric, curve=LOSS_CURVE)
             comps.append(comp)
-            _record(c, f"{arm}: γ={g1:g} vs γ={other:g}", comp, A_LOWER)
+            _record(c, f"{gamma_curve}: γ={g1:g} vs γ={other:g}", comp, A_LOWER)
     c.decide(comps, A_LOWER)
     if not comps:
         c.reason = f"no arm has γ within {NEAR_ONE} of 1 and another γ to compare"

@@ -2,10 +2,12 @@
 
 Vocabulary used by every module of the report:
 
-    setting   what a trial is, apart from its size, gamma and seeds: (eps, gate, norm, ...)
-    arm       (size, setting): loss against gamma is drawn per arm, its best gamma picked
-    variant   (gamma, setting): what the effective-size fit compares across sizes
-    seed      (init_seed, train_seed): arms are compared paired by seed
+    setting       what a trial is, apart from its size, gamma and seeds: (eps, gate, norm, ...)
+    gamma curve   (size, setting): one curve of loss against gamma, whose best gamma is picked
+    variant       (gamma, setting): what the effective-size fit compares across sizes
+    seed          (init_seed, train_seed): variants are compared paired by seed
+
+(An `arm` is something else: a recipe in conf/arm/, swept as the key `arm`.)
 
 Only COMPLETE trials enter the analysis; the others are counted in the scale table.
 """
@@ -147,7 +149,7 @@ def load(dirs: list[Path], metric: str = LOSS) -> Sweep:
     shape = done[list(SIZE_COLS)].astype(str).agg("/".join, axis=1)
     done["size"] = done.assign(n_params=done.groupby(shape)["n_params"].transform("min")).apply(size_label, axis=1)
     # A key that varies only together with the size (a token budget scaled per size, say)
-    # belongs to the size; one that varies within a size splits arms.
+    # belongs to the size; one that varies within a size splits gamma curves.
     setting_cols = list(BASE_SETTING_COLS)
     setting_cols += [c for c in [*EXTRA_SETTING_COLS, *_extra_params(done)]
                      if done.groupby("size")[c].nunique(dropna=False).max() > 1]
@@ -155,7 +157,7 @@ def load(dirs: list[Path], metric: str = LOSS) -> Sweep:
     # keeps the full label.
     label_cols = [c for c in setting_cols if done[c].nunique(dropna=False) > 1] or setting_cols
     done["setting"] = done.apply(lambda r: setting_label(r, label_cols), axis=1)
-    done["arm"] = done["size"] + " | " + done["setting"]
+    done["gamma_curve"] = done["size"] + " | " + done["setting"]
     done["variant"] = "γ=" + done["gamma"].map(lambda g: f"{g:g}") + " | " + done["setting"]
     done["seed"] = done["init_seed"].astype(str) + "/" + done["train_seed"].astype(str)
     tuned, tuning = tune(done.reset_index(drop=True), metric)

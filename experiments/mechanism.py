@@ -10,7 +10,8 @@ the attention sink, norm saturation, and the residual balance at init.
   init is most condensed, and the end.
 - Residual balance needs no training: Transformer(ModelConfig(...)) at each width and gamma,
   one forward pass, `residual_ratio/mean` = ||block update|| / ||block input||. The paper's
-  argument predicts ~ d^(1 - gamma): flat exactly at gamma = 1.
+  argument predicts ~ d^(1 - gamma): flat exactly at gamma = 1. `balance_at_init` is the
+  report's whole check (models built, probed, exponents fitted); `balance_setup` states it.
 """
 
 from __future__ import annotations
@@ -26,6 +27,13 @@ PROBE_KINDS = ("row_cosine", "stable_rank", "attn_sink", "saturation", "residual
 CONDENSE_REL = 0.10
 EXPAND_REL = 0.10
 HEATMAP_MATRICES = ("blocks.0.ffn.w1", "blocks.0.attn.q_proj")
+# The residual-balance models: the report's description is written from these, so it states
+# what ran. The first eps is the one the exponents are fitted at.
+BALANCE_LAYERS = 2
+BALANCE_HEAD_DIM = 64
+BALANCE_VOCAB = 256
+BALANCE_BATCH, BALANCE_SEQ = 2, 32  # random tokens of one forward pass
+BALANCE_EPS = (1e-12, 1e-5)
 
 
 def probe_curves(sweep: Sweep) -> pd.DataFrame:
@@ -43,7 +51,7 @@ def probe_curves(sweep: Sweep) -> pd.DataFrame:
         frames.append(out)
     if not frames:
         return pd.DataFrame(columns=["identity", "step", "tokens", "val_loss", *PROBE_KINDS])
-    cols = ["identity", "size", "variant", "arm", "gamma", "eps", "gate", "seed", "d_model", "setting"]
+    cols = ["identity", "size", "variant", "gamma_curve", "gamma", "eps", "gate", "seed", "d_model", "setting"]
     return pd.concat(frames, ignore_index=True).merge(sweep.complete[cols], on="identity")
 
 
@@ -145,12 +153,32 @@ def _offdiag(m) -> float:
     return float((np.abs(m).sum() - np.abs(np.diag(m)).sum()) / (n * (n - 1)))
 
 
+@dataclass
+class Balance:
+    data: pd.DataFrame  # per (width, gamma, eps): residual_ratio, saturation, attn_sink at init
+    slopes: pd.DataFrame  # per gamma: the measured exponent of residual_ratio in width, and 1 - gamma
+
+
+def balance_at_init(widths, gammas) -> Balance:
+    """The residual-balance check: a model per (width, gamma), probed once, exponents fitted."""
+    data = residual_balance(widths=widths, gammas=gammas)
+    return Balance(data, balance_slopes(data))
+
+
+def balance_setup(widths) -> str:
+    """What `balance_at_init` measures, in the report's words."""
+    return (f"Transformer(ModelConfig(d_model=d, n_layers={BALANCE_LAYERS}, heads of {BALANCE_HEAD_DIM}, d_ff=2d, "
+            f"vocab {BALANCE_VOCAB}, eps={BALANCE_EPS[0]:g})) at widths {', '.join(map(str, widths))}, one forward "
+            f"pass over {BALANCE_BATCH}×{BALANCE_SEQ} random tokens, model.probes.activation_probes()"
+            "['residual_ratio/mean'] = ‖block update‖/‖block input‖.")
+
+
 def residual_balance(widths=(64, 128, 256, 512, 1024, 2048), gammas=(0.5, 0.75, 1.0, 1.25),
-                     eps_values=(1e-12, 1e-5), n_layers: int = 2, vocab: int = 256, seq_len: int = 32,
-                     batch: int = 2, seed: int = 0) -> pd.DataFrame:
+                     eps_values=BALANCE_EPS, n_layers: int = BALANCE_LAYERS, vocab: int = BALANCE_VOCAB,
+                     seq_len: int = BALANCE_SEQ, batch: int = BALANCE_BATCH, seed: int = 0) -> pd.DataFrame:
     """Probes at init across widths: residual_ratio, saturation and attn_sink per (width, gamma, eps).
 
-    Heads of 64 channels (one head below 64), d_ff = 2 d; eps is set on the built norms rather
+    Heads of BALANCE_HEAD_DIM channels (one head below that), d_ff = 2 d; eps is set on the built norms rather
     than rebuilding the model, since it changes no weight (tests check this equals a rebuild)."""
     import torch
 
@@ -164,7 +192,7 @@ def residual_balance(widths=(64, 128, 256, 512, 1024, 2048), gammas=(0.5, 0.75, 
         rows = []
         for d in widths:
             for gamma in gammas:
-                cfg = ModelConfig(d_model=d, n_layers=n_layers, n_heads=max(1, d // 64), d_ff=2 * d, vocab_size=vocab,
+                cfg = ModelConfig(d_model=d, n_layers=n_layers, n_heads=max(1, d // BALANCE_HEAD_DIM), d_ff=2 * d, vocab_size=vocab,
                                   max_seq_len=seq_len, tie_embeddings=True, norm=NormConfig(eps=eps_values[0]),
                                   init=InitConfig(gamma=gamma, seed=seed))
                 with torch.device("meta"):  # skip nn's default init: init_weights() writes every weight
@@ -189,7 +217,7 @@ def set_norm_eps(model, eps: float) -> None:
             m.eps = eps
 
 
-def balance_slopes(rb: pd.DataFrame, eps: float = 1e-12) -> pd.DataFrame:
+def balance_slopes(rb: pd.DataFrame, eps: float = BALANCE_EPS[0]) -> pd.DataFrame:
     """Measured exponent of residual_ratio ~ d^k per gamma (least squares on log-log) vs 1 - gamma."""
     rows = []
     for gamma, g in rb[np.isclose(rb["eps"], eps)].groupby("gamma"):

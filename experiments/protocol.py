@@ -1,5 +1,5 @@
-"""The report's protocol sections: how the arms were compared (each at its own best lr),
-whether the budget let the rankings settle, how far each arm got below the unigram entropy,
+"""The report's protocol sections: how the variants were compared (each at its own best lr),
+whether the budget let the rankings settle, how far each variant got below the unigram entropy,
 and the width trend. Each function returns its blocks and its part of summary.json."""
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def tuning_section(sweep: Sweep, figs, metric: str) -> tuple[list[Block], dict]:
 
 
 def budget_section(sweep: Sweep, claims: list[Claim], figs, metric: str) -> tuple[list[Block], dict]:
-    """The paired gap over training of every loss comparison, and each arm against the unigram entropy."""
+    """The paired gap over training of every loss comparison, and each variant against the unigram entropy."""
     blocks = [Block("h2", "Was the budget enough? The gap over training"),
               Block("p", "A ranking read while the paired gap is still moving ranks learning speed, not end points. "
                          "Each loss comparison is recomputed at every evaluation (same seed pairs, each side at its "

@@ -174,7 +174,7 @@ def section(name: str, s: dict, reading: str | None, command: str | None = None)
 
 def protocol_lines(s: dict) -> list[str]:
     """The per-lr protocol's evidence: the lr each cell was compared at, whether rankings held
-    over the last quarter of training, how far each arm got below the unigram entropy, the width trend."""
+    over the last quarter of training, how far each variant got below the unigram entropy, the width trend."""
     out = [f"**Learning rates.** {s['tuning']['description']}", ""]
     if s["tuning"]["chosen"]:
         axis = s["tuning"]["axes"][0]

@@ -1,7 +1,7 @@
-"""Paired comparisons between arms: the one rule every verdict in the report goes through.
+"""Paired comparisons between variants: the one rule every verdict in the report goes through.
 
-At CPU scale arms differ by a few hundredths of a nat and one seed to another can differ by
-more, so two arms are compared on the seeds they share (same init noise, same data order):
+At CPU scale variants differ by a few hundredths of a nat and one seed to another can differ by
+more, so two variants are compared on the seeds they share (same init noise, same data order):
 d_s = value_A(s) - value_B(s). The difference is called real only when the 95% t-interval of
 mean(d_s) excludes 0. One shared seed decides nothing.
 
@@ -41,7 +41,7 @@ SETTLE_FRACTION = 0.25
 
 @dataclass
 class Comparison:
-    n: int  # seed pairs (or, unpaired, the smaller arm's trials)
+    n: int  # seed pairs (or, unpaired, the smaller side's trials)
     mean_a: float
     mean_b: float
     diff: float  # mean of value_A - value_B
@@ -55,7 +55,7 @@ class Comparison:
     # None: not checked (no curves, or fewer than two evaluations in the last quarter).
     settled: bool | None = None
     settle_note: str = ""
-    # The optimiser settings each side was compared at (each arm's own best, tuning.py).
+    # The optimiser settings each side was compared at (each side's own best, tuning.py).
     optim_a: dict | None = None
     optim_b: dict | None = None
 

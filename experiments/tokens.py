@@ -1,13 +1,13 @@
-"""Token level: where on the eval tokens one arm beats another.
+"""Token level: where on the eval tokens one variant beats another.
 
 Every trial of a corpus scores the same fixed eval tokens in the same order
-(per_token_losses.npz), so two arms compare token by token. For a token with true-token
+(per_token_losses.npz), so two variants compare token by token. For a token with true-token
 probabilities p_A = exp(-loss_A) and p_B = exp(-loss_B):
 
     Delta_sym = (p_A - p_B) / (p_A + p_B) = tanh((loss_B - loss_A) / 2)   in (-1, 1)
 
 positive where A gives the true token more probability. A token's difficulty is its mean loss
-over the trials of that size other than A's and B's (all arms, all seeds; every trial when
+over the trials of that size other than A's and B's (all variants, all seeds; every trial when
 fewer than two others exist); tokens are cut into quintiles of difficulty.
 Per seed pair (A and B with the same seeds) the mean Delta_sym of each bucket is taken, then
 averaged over pairs with a t-interval; with one pair the interval is over tokens (evaluation
@@ -84,7 +84,7 @@ def analyse(sweep: Sweep, variant_a: str, variant_b: str, size: str, seed: int =
     if b.empty:
         return f"the two arms at {size} were scored on different eval tokens"
     # Difficulty from trials other than A's and B's where there are enough: measured on the
-    # two compared arms it correlates with their gap by construction (a token one arm gets
+    # two compared variants it correlates with their gap by construction (a token one gets
     # badly wrong looks "hard"). Fewer than two others: all trials, with that caveat.
     others = [k for k in same if k not in set(a["identity"]) | set(b["identity"])]
     diff_ids = others if len(others) >= 2 else list(same)

@@ -2,7 +2,7 @@
 
 The init scale changes how large an Adam step is relative to the weights (update ~ lr,
 weights ~ d^-gamma), so comparing two inits at one shared learning rate mixes the init's
-effect with the lr's. As in muP and the scaling-law literature, every arm is compared at its
+effect with the lr's. As in muP and the scaling-law literature, every variant is compared at its
 own tuned lr (and weight decay, when swept): per (size, setting, gamma) the optimiser settings
 with the lowest seed-mean loss are chosen, and only those trials enter the comparisons, which
 are then paired by seed at that choice. A choice at the smallest or largest value tried is
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-# The optimiser axes tuned per arm; the init is what is compared.
+# The optimiser axes tuned per cell (size, setting, gamma); the init is what is compared.
 OPTIM_COLS = ("lr", "weight_decay")
 CELL = ("size", "setting", "gamma")
 
@@ -32,7 +32,7 @@ class Tuning:
         return self.chosen[self.chosen["at_edge"]] if not self.chosen.empty else self.chosen
 
     def describe(self) -> str:
-        """One sentence on how the arms were compared."""
+        """One sentence on how the variants were compared."""
         if not self.axes:
             fixed = []
             for col in OPTIM_COLS:

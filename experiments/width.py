@@ -64,7 +64,7 @@ def width_trend(df: pd.DataFrame, recipe: str | None, baseline: str | None, metr
     both = df[df["variant"].isin([recipe, baseline])]
     if both.empty:
         return WidthTrend("neither the recipe nor the baseline has complete trials")
-    # Fixed depth: the depth with the most widths that ran both arms.
+    # Fixed depth: the depth with the most widths that ran both variants.
     widths_by_depth = {}
     for depth, g in both.groupby("n_layers"):
         ok = [d for d, gd in g.groupby("d_model") if gd["variant"].nunique() == 2]
@@ -88,7 +88,7 @@ def width_trend(df: pd.DataFrame, recipe: str | None, baseline: str | None, metr
         for s in ma.index.intersection(mb.index):
             per_seed_gaps.setdefault(s, {})[int(d)] = float(ma[s] - mb[s])
     points = pd.DataFrame(rows)
-    # Seeds that ran both arms at every width: each gives its own line.
+    # Seeds that ran both variants at every width: each gives its own line.
     seeds = sorted(s for s, gaps in per_seed_gaps.items() if len(gaps) == len(widths))
     trend = WidthTrend("fit", points=points, n_layers=depth, seeds=len(seeds))
     if len(seeds) < 2:

@@ -13,8 +13,9 @@ import pandas as pd
 import pytest
 
 from experiments import claims as claims_mod
+from experiments.context import best_gamma_table
 from experiments.load import load
-from experiments.report import best_gamma_table, build
+from experiments.report import build
 from experiments.stats import A_LOWER, compare, settled, verdict
 from experiments.width import width_trend
 

@@ -1,5 +1,5 @@
 """The report's claims about the paper's experiments: anchor phase diagram, recipe against
-baseline, and how sweeps with paired seeds, arms and gates are grouped."""
+baseline, and how sweeps with paired seeds, `arm` overrides and gates are grouped."""
 
 from __future__ import annotations
 
@@ -10,10 +10,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from experiments import anchor as anchor_mod
+from experiments import anchor_phase
 from experiments import claims as claims_mod
+from experiments.context import best_gamma_table
 from experiments.load import load
-from experiments.report import best_gamma_table, build
+from experiments.report import build
 from experiments.scaling import effective_size
 
 from .test_report import synthetic_sweep
@@ -43,15 +44,15 @@ def synthetic_anchor_sweep(root: Path, small_infers: bool, seeds=2, depths=(2, 3
 @pytest.mark.parametrize("small_infers,expected", [(True, "supported"), (False, "contradicted")])
 def test_anchor_claim_reads_the_phase_diagram(tmp_path, small_infers, expected):
     sweep = load([synthetic_anchor_sweep(tmp_path, small_infers)])
-    c = anchor_mod.anchor_claim(sweep.complete)
+    c = anchor_phase.anchor_claim(sweep.complete)
     assert c.verdict == expected, c.reason
     assert [n["n"] for n in c.numbers] == [6, 6]  # paired by (depth, seed): 3 depths x 2 seeds
     # A γ that did not learn the seen pairs is left out, and says so.
     unlearned = sweep.complete.assign(anchor_in_dist_acc=np.where(sweep.complete["gamma"] == 0.5, 0.02, 0.98))
-    left_out = anchor_mod.anchor_claim(unlearned)
+    left_out = anchor_phase.anchor_claim(unlearned)
     assert left_out.verdict == "inconclusive" and "fewer than two γ learned" in left_out.reason
     assert any("left out" in e for e in left_out.evidence)
-    table = anchor_mod.phase_table(sweep.complete)
+    table = anchor_phase.phase_table(sweep.complete)
     assert len(table) == 6 and set(table["seeds"]) == {2}
 
 
@@ -76,14 +77,14 @@ def test_recipe_claim_pairs_recipe_and_baseline_per_size(tmp_path):
 
 def test_paired_seed_and_arm_overrides_are_not_settings(tmp_path):
     """`seed=0,1,2` and `arm=baseline,small` are swept keys the resolved columns already hold:
-    trials that differ only in them belong to one arm, compared paired by seed."""
+    trials that differ only in them belong to one gamma curve, compared paired by seed."""
     d = synthetic_sweep(tmp_path, gain=0.2, sizes=(1e6,), seeds=3)
     df = pd.read_parquet(d / "results.parquet")
     df["param.seed"] = df["init_seed"]
     df["param.arm"] = np.where(df["gamma"] == 0.5, "baseline", "small")
     df.to_parquet(d / "results.parquet")
     sweep = load([d])
-    assert sweep.complete["arm"].nunique() == 1 and sweep.complete["setting"].nunique() == 1
+    assert sweep.complete["gamma_curve"].nunique() == 1 and sweep.complete["setting"].nunique() == 1
     assert best_gamma_table(sweep.complete, "final_val_loss")["seeds"].tolist() == [3]
 
 
