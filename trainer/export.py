@@ -1,0 +1,146 @@
+"""Export a trained trial to a Hugging Face folder: `python -m trainer.export TRIAL_DIR OUT_DIR`.
+
+The dense, ungated RMSNorm model is, weight for weight, transformers' LlamaForCausalLM (same
+rotate-half RoPE, SwiGLU, pre-norm, fp32 norm statistics), so the export is a renaming of the
+state dict plus a LlamaConfig; the tokenizer the trial trained on goes along as a
+PreTrainedTokenizerFast. The folder then loads with `AutoModelForCausalLM.from_pretrained` and
+works with lm-evaluation-harness or vLLM. Gated attention and MoE have no Llama equivalent:
+they are refused with one line rather than exported wrong.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from pathlib import Path
+
+from core.errors import ConfigError
+from core.trial_dir import TrialDir
+from model.config import AttnConfig, FFNConfig, InitConfig, ModelConfig, NormConfig
+
+# our name -> transformers' Llama name; {i} is the layer index
+LLAMA_NAMES = {
+    "tok_emb.weight": "model.embed_tokens.weight",
+    "norm_f.weight": "model.norm.weight",
+    "lm_head.weight": "lm_head.weight",
+    "blocks.{i}.norm1.weight": "model.layers.{i}.input_layernorm.weight",
+    "blocks.{i}.norm2.weight": "model.layers.{i}.post_attention_layernorm.weight",
+    "blocks.{i}.attn.q_proj.weight": "model.layers.{i}.self_attn.q_proj.weight",
+    "blocks.{i}.attn.k_proj.weight": "model.layers.{i}.self_attn.k_proj.weight",
+    "blocks.{i}.attn.v_proj.weight": "model.layers.{i}.self_attn.v_proj.weight",
+    "blocks.{i}.attn.o_proj.weight": "model.layers.{i}.self_attn.o_proj.weight",
+    "blocks.{i}.ffn.w1.weight": "model.layers.{i}.mlp.gate_proj.weight",
+    "blocks.{i}.ffn.w3.weight": "model.layers.{i}.mlp.up_proj.weight",
+    "blocks.{i}.ffn.w2.weight": "model.layers.{i}.mlp.down_proj.weight",
+}
+
+
+def model_config_from_dict(d: dict) -> ModelConfig:
+    """The ModelConfig a trial recorded in trial.json (its `config.model`)."""
+    d = dict(d)
+    return ModelConfig(norm=NormConfig(**d.pop("norm")), attn=AttnConfig(**d.pop("attn")),
+                       ffn=FFNConfig(**d.pop("ffn")), init=InitConfig(**d.pop("init")), **d)
+
+
+def check_exportable(cfg: ModelConfig) -> None:
+    why = []
+    if cfg.attn.gate != "none":
+        why.append(f"model.attn.gate={cfg.attn.gate!r} (Llama has no attention output gate)")
+    if cfg.ffn.type != "dense":
+        why.append(f"model.ffn.type={cfg.ffn.type!r} (Llama's MLP is dense)")
+    if cfg.norm.type != "rmsnorm":
+        why.append(f"model.norm.type={cfg.norm.type!r} (Llama uses RMSNorm)")
+    if why:
+        raise ConfigError("cannot export as LlamaForCausalLM: " + "; ".join(why)
+                          + ". Load such models with model.Transformer and trial.json instead.")
+
+
+def llama_config(cfg: ModelConfig):
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, intermediate_size=cfg.d_ff,
+        num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads, num_key_value_heads=cfg.n_kv_heads,
+        head_dim=cfg.head_dim, max_position_embeddings=cfg.max_seq_len, rms_norm_eps=cfg.norm.eps,
+        rope_theta=cfg.rope_theta, tie_word_embeddings=cfg.tie_embeddings, hidden_act="silu",
+        attention_bias=False, mlp_bias=False, torch_dtype="float32",
+    )
+
+
+def llama_state_dict(state: dict, n_layers: int) -> dict:
+    names = {}
+    for ours, theirs in LLAMA_NAMES.items():
+        for i in range(n_layers) if "{i}" in ours else [None]:
+            names[ours.format(i=i)] = theirs.format(i=i)
+    unknown = sorted(set(state) - set(names))
+    if unknown:
+        raise ConfigError(f"cannot export: parameters with no Llama equivalent: {unknown[:5]}")
+    return {names[k]: v.detach().float().contiguous() for k, v in state.items()}
+
+
+def export(trial_dir: Path, out_dir: Path, tokenizer: Path | None = None) -> Path:
+    """Write out_dir (config.json, model.safetensors, tokenizer files) for trial_dir's model.pt."""
+    import torch
+
+    folder = TrialDir(trial_dir)
+    record = folder.read_trial()
+    if record is None:
+        raise ConfigError(f"{folder.path} has no trial.json: is it a trial folder?")
+    if not folder.model_weights.is_file():
+        raise ConfigError(f"{folder.model_weights} does not exist: the trial has not finished")
+    cfg = model_config_from_dict(record["config"]["model"])
+    check_exportable(cfg)
+    state = torch.load(folder.model_weights, map_location="cpu", weights_only=False)["model"]
+    hf = llama_state_dict(state, cfg.n_layers)
+    if cfg.tie_embeddings:
+        hf.pop("lm_head.weight", None)
+    from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
+
+    model = LlamaForCausalLM(llama_config(cfg))
+    missing, unexpected = model.load_state_dict(hf, strict=False)
+    missing = [m for m in missing if not (cfg.tie_embeddings and m == "lm_head.weight")]
+    if missing or unexpected:
+        raise RuntimeError(f"export mapping incomplete: missing {missing[:5]}, unexpected {unexpected[:5]}")
+    out_dir = Path(out_dir)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    tok_file = tokenizer or _trained_tokenizer(record["config"]["data"])
+    if tok_file is not None:
+        PreTrainedTokenizerFast(tokenizer_file=str(tok_file)).save_pretrained(out_dir)
+        shutil.copy(tok_file, out_dir / "tokenizer.json")
+    (out_dir / "smallinit.json").write_text(json.dumps({"identity": record["identity"], "config": record["config"]},
+                                                       indent=2))
+    return out_dir
+
+
+def _trained_tokenizer(data: dict) -> Path | None:
+    """The tokenizer.json the trial's corpus was prepared with (None for pre-tokenized data)."""
+    from .data import DataConfig, prepare
+
+    if data.get("task", "lm") != "lm":
+        return None
+    fields = {k: tuple(v) if k == "paths" else v for k, v in data.items() if k != "task"}
+    return prepare(DataConfig(**fields), log=lambda *_: None).tokenizer_path
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m trainer.export", description=__doc__.split("\n")[0])
+    p.add_argument("trial_dir", type=Path, help="a finished trial folder (sweeps/<name>/trials/<identity>)")
+    p.add_argument("out_dir", type=Path, help="where to write the Hugging Face folder")
+    p.add_argument("--tokenizer", type=Path, help="a tokenizers JSON file (default: the one the trial trained with)")
+    args = p.parse_args(argv)
+    try:
+        out = export(args.trial_dir, args.out_dir, args.tokenizer)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except ImportError as e:
+        print(f"error: {e.name} is not installed: make install EXTRAS=dev,dashboard,export", file=sys.stderr)
+        return 2
+    print(f"exported to {out}: AutoModelForCausalLM.from_pretrained({str(out)!r})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
