@@ -80,13 +80,19 @@ class SweepSpace:
         return [*self.fixed, *(self.override_string(k, v) for k, v in params.items())]
 
 
+LOG_SPAN = 10.0
+
+
 def _recorded_range(values: tuple[Any, ...]) -> BaseDistribution:
     numbers = [v for v in values if isinstance(v, int | float) and not isinstance(v, bool)]
     if len(numbers) < len(values):
         return CategoricalDistribution(list(values))
     if all(isinstance(v, int) for v in numbers):
         return IntDistribution(min(numbers), max(numbers))
-    return FloatDistribution(float(min(numbers)), float(max(numbers)))
+    low, high = float(min(numbers)), float(max(numbers))
+    # Values a decade or more apart (eps 1e-12..1e-5, lr 1e-3..3e-2) are a log-scale axis:
+    # recorded as one, dashboards and importance plots space them evenly.
+    return FloatDistribution(low, high, log=low > 0 and high >= LOG_SPAN * low)
 
 
 def _interval(override: Override, sweep: IntervalSweep) -> BaseDistribution:

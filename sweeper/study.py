@@ -157,6 +157,10 @@ class Study:
                 out[key] = old
             elif type(old) is type(dist) and getattr(old, "log", False) == getattr(dist, "log", False):
                 out[key] = dist
+            elif isinstance(old, optuna.distributions.FloatDistribution) and isinstance(dist, type(old)) and not old.log:
+                # Recorded on a linear axis (studies from before log axes): Optuna holds a key
+                # to its first record's scale, so the rerun records on that scale too.
+                out[key] = optuna.distributions.FloatDistribution(dist.low, dist.high)
             else:
                 raise ConfigError(
                     f"{key} is invalid for study {self.study.study_name!r}: it recorded {key} as "

@@ -139,3 +139,25 @@ def test_a_study_that_recorded_numbers_as_choices_still_reruns_its_grid():
     study.grid_distributions(parse_sweep(["seed=0,1", "init.gamma=1.0"]))  # a subset runs too
     with pytest.raises(ConfigError, match=r"seed is invalid for study 'old'.*cannot widen a categorical"):
         study.grid_distributions(parse_sweep(["seed=0,1,2,3", "init.gamma=0.5,1.0"]))
+
+
+def test_grid_values_a_decade_apart_are_recorded_on_a_log_axis_and_old_linear_studies_still_grow():
+    import optuna
+
+    from sweeper.study import Study
+
+    space = parse_sweep(["norm.eps=1e-5,1e-12", "optim.lr=1e-3,3e-3,1e-2", "init.gamma=0.5,1.0", "optim.weight_decay=0,0.1"])
+    dists = space.grid_distributions()
+    assert dists["norm.eps"].log and dists["optim.lr"].log
+    assert not dists["init.gamma"].log  # a factor of 2: linear
+    assert not dists["optim.weight_decay"].log  # 0 has no logarithm
+
+    study = Study(optuna.storages.InMemoryStorage(), "linear", optuna.samplers.RandomSampler(seed=0))
+    old = parse_sweep(["norm.eps=1e-5,1e-12"])
+    for point in old.grid():  # as studies before log axes recorded it
+        study.create_running(point, {"norm.eps": optuna.distributions.FloatDistribution(1e-12, 1e-5)})
+    grown = parse_sweep(["norm.eps=1e-5,1e-8,1e-12,1e-3"])
+    again = study.grid_distributions(grown)
+    assert not again["norm.eps"].log
+    for point in grown.grid():  # Optuna accepts every new record on the recorded scale
+        study.create_running(point, again)
