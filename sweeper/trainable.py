@@ -8,9 +8,11 @@ process reaches Tune's retry, and the retry resumes from the trial's own checkpo
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
+import re
 import socket
 import traceback
 from dataclasses import dataclass, field
@@ -74,6 +76,15 @@ def wandb_mode(requested: str) -> str:
     return "offline"
 
 
+def wandb_run_id(sweep_name: str, identity: str, out_dir: str) -> str:
+    """The trial's W&B run id: stable across resumes of this trial folder on this machine, and
+    distinct between machines and folders, so two people's `wandb sync` of the same grid never
+    merge into one run (grouping by sweep name is unchanged). W&B allows letters, digits, - and _."""
+    place = hashlib.sha1(f"{socket.gethostname()}:{Path(out_dir).resolve()}".encode()).hexdigest()[:8]
+    name = re.sub(r"[^A-Za-z0-9_-]", "-", sweep_name)[:32]
+    return f"{name}-{identity}-{place}"
+
+
 class WandbReporter:
     """One W&B run per trial: grouped by sweep, swept keys as top-level config and tags,
     val/loss summarised by its minimum. The run id is the trial identity, so a resumed
@@ -88,7 +99,7 @@ class WandbReporter:
             entity=settings.get("entity"),
             group=spec.sweep_name,
             name=spec.label(),
-            id=f"{spec.sweep_name}-{spec.identity}"[-64:].replace("/", "-"),
+            id=wandb_run_id(spec.sweep_name, spec.identity, spec.out_dir),
             resume="allow",
             dir=spec.out_dir,
             mode=wandb_mode(settings.get("mode", "auto")),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -184,3 +185,15 @@ def test_sweeps_creating_one_new_sqlite_storage_at_once_all_open_it(tmp_path):
         for p in procs:
             p.join(60)
         assert [results.get(timeout=5) for _ in procs] == ["ok"] * 4
+
+
+def test_wandb_run_ids_are_stable_per_folder_and_distinct_between_folders_and_machines(tmp_path, monkeypatch):
+    from sweeper import trainable
+
+    a = trainable.wandb_run_id("exp:1#a?b", "0123456789ab", str(tmp_path / "a" / "trials" / "x"))
+    assert a == trainable.wandb_run_id("exp:1#a?b", "0123456789ab", str(tmp_path / "a" / "trials" / "x"))
+    assert re.fullmatch(r"[A-Za-z0-9_-]{1,64}", a) and "0123456789ab" in a
+    assert a != trainable.wandb_run_id("exp:1#a?b", "0123456789ab", str(tmp_path / "b" / "trials" / "x"))
+    monkeypatch.setattr(trainable.socket, "gethostname", lambda: "another-machine")
+    assert a != trainable.wandb_run_id("exp:1#a?b", "0123456789ab", str(tmp_path / "a" / "trials" / "x"))
+    assert len(trainable.wandb_run_id("n" * 300, "0123456789ab", str(tmp_path))) <= 64
