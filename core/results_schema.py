@@ -112,3 +112,31 @@ def is_known_column(name: str) -> bool:
 
 def results_path(sweep_dir: str | Path) -> Path:
     return Path(sweep_dir) / RESULTS_FILE
+
+
+# Artifact paths are stored relative to the sweep folder, so a folder moved or copied (cluster
+# to laptop) still reports in full; a path outside the folder (a trial another folder of the
+# same study ran) stays absolute.
+PATH_COLUMNS = ("trial_dir", "metrics_path", "per_token_losses_path", "probes_dir")
+
+
+def to_stored_path(path: str | Path | None, sweep_dir: str | Path) -> str | None:
+    if path is None:
+        return None
+    path, root = Path(path).resolve(), Path(sweep_dir).resolve()
+    return str(path.relative_to(root)) if path.is_relative_to(root) else str(path)
+
+
+def to_local_path(stored: str | None, sweep_dir: str | Path, identity: str | None = None) -> str | None:
+    """Where a stored artifact path is now: relative ones under sweep_dir; an absolute one from
+    an older table that no longer exists is looked for at the same place in this sweep folder."""
+    if not isinstance(stored, str) or not stored:
+        return None
+    path = Path(stored)
+    if not path.is_absolute():
+        return str(Path(sweep_dir) / path)
+    if not path.exists() and identity and identity in path.parts:
+        moved = Path(sweep_dir) / Path(*path.parts[path.parts.index(identity) - 1:])
+        if moved.exists():
+            return str(moved)
+    return stored

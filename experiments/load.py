@@ -124,6 +124,10 @@ def load(dirs: list[Path], metric: str = LOSS) -> Sweep:
             df = pd.read_parquet(schema.results_path(d))
         except Exception as e:  # pyarrow raises several types for a damaged file
             raise ReportError(f"{d}/results.parquet cannot be read: {first_line(e)}") from None
+        for column in schema.PATH_COLUMNS:
+            if column in df:
+                ids = df[schema.IDENTITY] if schema.IDENTITY in df else [None] * len(df)
+                df[column] = [schema.to_local_path(v, d, i) for v, i in zip(df[column], ids)]
         frames.append(df.assign(sweep=d.name))
     results = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
     if results.empty:

@@ -17,7 +17,8 @@ from core.files import atomic_write
 from core.trial_dir import TrialDir
 
 
-def trial_row(trial_dir: TrialDir, study_state: dict[str, Any] | None = None) -> dict[str, Any] | None:
+def trial_row(trial_dir: TrialDir, study_state: dict[str, Any] | None = None,
+              sweep_dir: Path | None = None) -> dict[str, Any] | None:
     meta = trial_dir.read_trial(damaged_ok=True)
     plan = trial_dir.read_sweep_plan()
     if meta is None and "config" in plan:  # planned, but its worker never started training
@@ -78,6 +79,9 @@ def trial_row(trial_dir: TrialDir, study_state: dict[str, Any] | None = None) ->
     elif state == schema.PRUNED:
         last = trial_dir.last_metrics()
         row.update(final_val_loss=last.get("val/loss"), best_val_loss=last.get("val/best_loss"), tokens=last.get("tokens"))
+    if sweep_dir is not None:
+        for column in schema.PATH_COLUMNS:
+            row[column] = schema.to_stored_path(row[column], sweep_dir)
     return row
 
 
@@ -90,7 +94,7 @@ def build_table(sweep_dir: Path, study_states: dict[str, dict[str, Any]] | None 
     for ident, state in study_states.items():
         if ident not in dirs and state.get("trial_dir"):
             dirs[ident] = TrialDir(state["trial_dir"])
-    rows = [row for ident, d in dirs.items() if (row := trial_row(d, study_states.get(ident))) is not None]
+    rows = [row for ident, d in dirs.items() if (row := trial_row(d, study_states.get(ident), sweep_dir)) is not None]
     df = pd.DataFrame(rows)
     if not df.empty:
         df = df.sort_values(schema.TRIAL_NUMBER, na_position="last", kind="stable").reset_index(drop=True)

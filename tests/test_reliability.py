@@ -58,7 +58,8 @@ def test_a_killed_ray_worker_is_retried_from_its_checkpoint(tmp_path, data_cache
     assert driver.returncode == 0, err[-3000:]
     df = pd.read_parquet(tmp_path / "sweeps" / "workerkill" / "results.parquet")
     assert len(df) == 1 and df["state"][0] == "COMPLETE" and df["attempts"][0] == 2
-    steps = [json.loads(line)["step"] for line in Path(df["metrics_path"][0]).read_text().splitlines()]
+    metrics = tmp_path / "sweeps" / "workerkill" / df["metrics_path"][0]  # stored relative to the sweep
+    steps = [json.loads(line)["step"] for line in metrics.read_text().splitlines()]
     assert steps == sorted(set(steps)) and steps[-1] == 64  # resumed, no step logged twice
     assert steps[0] == 0 and 8 in steps  # the second attempt kept the first attempt's history
 

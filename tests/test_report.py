@@ -67,6 +67,23 @@ def summary(tiny_report) -> dict:
 
 # --- the real sweep ------------------------------------------------------------------------------
 
+def test_a_moved_sweep_folder_reports_in_full(tiny_sweep, tiny_report, tmp_path):
+    import shutil
+
+    stored = pd.read_parquet(tiny_sweep / "results.parquet")
+    assert not any(str(v).startswith("/") for v in stored["metrics_path"])  # relative to the folder
+    moved = tmp_path / "laptop" / "rep"
+    shutil.copytree(tiny_sweep, moved)
+    proc = report_cli("--sweep", str(moved), "--out", str(tmp_path / "out"), "--widths", WIDTHS, "--boot", "50")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = (tmp_path / "out" / "rep" / "report.md").read_text()
+    assert len(report.splitlines()) == len((tiny_report / "report.md").read_text().splitlines())
+    from experiments.load import load
+
+    df = load([moved]).results
+    assert all(str(p).startswith(str(moved)) and Path(p).exists() for p in df["metrics_path"])
+
+
 def test_report_writes_every_artifact(tiny_report, summary):
     for name in ("index.html", "report.md", "summary.json"):
         assert (tiny_report / name).stat().st_size > 0

@@ -227,5 +227,5 @@ def test_a_sweep_on_your_own_text_with_a_relative_path(tmp_path, data_cache):
     assert list(df["state"]) == ["COMPLETE", "COMPLETE"]
     assert df["final_val_loss"].notna().all()
     # The driver pinned the relative glob to this folder, so workers read the same files.
-    config = (Path(df["trial_dir"][0]) / "trial.json").read_text()
+    config = (tmp_path / "sweeps" / "owntext" / df["trial_dir"][0] / "trial.json").read_text()  # relative to the sweep
     assert str(docs / "*.txt") in config
