@@ -122,9 +122,9 @@ def compose_trial(*overrides: str):
 
 def prepared_data(trial):
     """The trial's corpus, tokenised into the cache if it is not there yet (not timed)."""
-    from trainer.data import DataConfig, prepare
+    from trainer.data import prepare
 
-    return prepare(DataConfig(**{k: v for k, v in trial.data.items() if k != "task"}), log=lambda *_: None)
+    return prepare(trial.data, log=lambda *_: None)
 
 
 def median(values) -> float:

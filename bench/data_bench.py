@@ -11,13 +11,14 @@ from .common import median, progress, spread
 
 
 def run(settings) -> dict:
-    from trainer.data import DataConfig, prepare
+    from trainer.data import prepare
+    from trainer.data_config import BilingualData
 
     cold, warm = [], []
     for r in range(settings.data_cold_repeats):
         root = tempfile.mkdtemp(prefix="smallinit-bench-cache-")
         try:
-            cfg = DataConfig(cache_dir=root)
+            cfg = BilingualData(cache_dir=root)
             t0 = time.perf_counter()
             data = prepare(cfg, log=lambda *_: None)
             cold.append(time.perf_counter() - t0)
@@ -36,7 +37,7 @@ def run(settings) -> dict:
         "speedup": median(cold) / median(warm),
         "target": None,
         "pass": None,
-        "metric": "seconds for prepare(DataConfig()) into an empty cache (cold) and again (warm, a cache hit)",
+        "metric": "seconds for prepare(BilingualData()) into an empty cache (cold) and again (warm, a cache hit)",
         "corpus": {"name": cfg.corpus, "vocab_size": cfg.vocab_size, "train_tokens": data.n_train_tokens,
                    "val_tokens": data.n_val_tokens},
         "cold_runs": cold,

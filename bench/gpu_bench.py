@@ -85,12 +85,13 @@ def _try(preset: str, batch: int, device, steps: int, seq_len: int = SEQ_LEN, co
 
     from model import ModelConfig, Transformer
     from trainer.config import OptimConfig, TrainConfig, TrialConfig
+    from trainer.data_config import BilingualData
     from trainer.loop import flops_per_token, make_optimizer, peak_flops
 
     base = ModelConfig.preset(preset)
     cfg = ModelConfig.preset(preset, vocab_size=32768, max_seq_len=max(seq_len, base.max_seq_len))
     train = TrainConfig(batch_size=batch, seq_len=seq_len, max_steps=steps, device=device.type, dtype="bf16", compile=compile)
-    trial = TrialConfig(model=cfg, optim=OptimConfig(), train=train, data={"vocab_size": 32768}, preset=preset)
+    trial = TrialConfig(model=cfg, optim=OptimConfig(), train=train, data=BilingualData(vocab_size=32768), preset=preset)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     t0 = time.perf_counter()

@@ -40,6 +40,7 @@ LRS = (1e-3, 3e-3)
 def trial_for(preset: str, gamma: float, lr: float, data: Path, vocab: int, budget: int, device: str, tiny: bool):
     from model.config import InitConfig, ModelConfig, NormConfig
     from trainer.config import OptimConfig, TrainConfig, TrialConfig
+    from trainer.data_config import TokensData
 
     model = ModelConfig.preset(preset, vocab_size=vocab, init=InitConfig(gamma=gamma, seed=0), norm=NormConfig(eps=1e-12))
     batch, seq = (4, 64) if tiny else (32, 1024)
@@ -47,8 +48,8 @@ def trial_for(preset: str, gamma: float, lr: float, data: Path, vocab: int, budg
                         eval_every=5 if tiny else 25, eval_tokens=batch * seq * (1 if tiny else 8),
                         per_token_eval_tokens=batch * seq, probe_every=0, ckpt_every=0, device=device,
                         dtype="auto", compile=device == "cuda")
-    data_cfg = {"task": "lm", "corpus": "tokens", "paths": [str(data / "train.bin"), str(data / "val.bin")],
-                "dtype": "uint16", "vocab_size": vocab, "cache_dir": str(data / ".prepared")}
+    data_cfg = TokensData(paths=(str(data / "train.bin"), str(data / "val.bin")), dtype="uint16",
+                          vocab_size=vocab, cache_dir=str(data / ".prepared"))
     return TrialConfig(model=model, optim=OptimConfig(lr=lr), train=train, data=data_cfg, preset=preset)
 
 

@@ -6,6 +6,8 @@ parameters it creates; `Transformer.init_weights` calls them all and checks none
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -86,9 +88,10 @@ class Attention(nn.Module):
             self.gate_proj = nn.Linear(d, self.n_heads * self.head_dim, bias=True)
         else:
             self.gate_proj = None
-        # Set by probes: compute attention weights explicitly and keep the first-token mass.
-        self.capture_attention = False
-        self.captured_first_token_mass: torch.Tensor | None = None
+        # None in training: attention is fused SDPA and its weights are never formed. A probe
+        # (model/probes.py) sets a callable to see the (B, H, T, T) weights; attention then
+        # takes the explicit path that forms them.
+        self.weights_observer: Callable[[torch.Tensor], None] | None = None
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         B, T, _ = x.shape
@@ -96,10 +99,10 @@ class Attention(nn.Module):
         k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, hd)
         v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, hd)
         q, k = apply_rope(q, cos[:T], sin[:T]), apply_rope(k, cos[:T], sin[:T])
-        if self.capture_attention:
-            y = self._attention_with_weights(q, k, v)
-        else:
+        if self.weights_observer is None:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.n_kv_heads != self.n_heads)
+        else:
+            y = self._attention_with_weights(q, k, v, self.weights_observer)
         if self.gate_proj is not None:
             g = torch.sigmoid(self.gate_proj(x))  # (B, T, H) or (B, T, H*hd)
             if self.gate_type == "headwise":
@@ -109,17 +112,16 @@ class Attention(nn.Module):
         y = y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim)
         return self.o_proj(y)
 
-    def _attention_with_weights(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """The slow path for probes: same result as SDPA, but keeps the weights' first column."""
-        from .probes import first_token_mass
-
+    def _attention_with_weights(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                                observe: Callable[[torch.Tensor], None]) -> torch.Tensor:
+        """The slow path for probes: same result as SDPA, but hands the weights to observe."""
         rep = self.n_heads // self.n_kv_heads
         k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)  # (B, H, T, hd)
         T = q.shape[-2]
         scores = (q.float() @ k.float().transpose(-2, -1)) * self.head_dim**-0.5  # (B, H, T, T)
         causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
         att = scores.masked_fill(~causal, float("-inf")).softmax(dim=-1)
-        self.captured_first_token_mass = first_token_mass(att).detach()
+        observe(att)
         return (att @ v.float()).to(q.dtype)
 
     def init_weights(self, init: Initializer, prefix: str) -> None:

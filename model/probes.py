@@ -12,6 +12,8 @@ matrices (for heatmaps). It runs one forward pass with hooks and leaves the mode
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -26,6 +28,27 @@ def first_token_mass(att: torch.Tensor) -> torch.Tensor:
     causal weights -> (...). Query 0 is skipped: it can only attend to itself, so it says
     nothing about a sink. Uniform causal attention gives the mean of 1/t, t = 2..T."""
     return att[..., 1:, 0].mean(dim=-1)
+
+
+@contextmanager
+def first_token_mass_capture(model: Transformer) -> Iterator[dict[int, torch.Tensor]]:
+    """Inside the block, each attention layer forms its weights explicitly and records their
+    first_token_mass, (B, H), under its block index; on leaving, every layer is back on fused
+    SDPA. The forward passes inside give the same outputs as SDPA up to rounding."""
+    masses: dict[int, torch.Tensor] = {}
+
+    def observer(i: int):
+        def observe(att: torch.Tensor) -> None:
+            masses[i] = first_token_mass(att).detach()
+        return observe
+
+    try:
+        for i, block in enumerate(model.blocks):
+            block.attn.weights_observer = observer(i)
+        yield masses
+    finally:
+        for block in model.blocks:
+            block.attn.weights_observer = None
 
 
 def stable_rank(w: torch.Tensor) -> float:
@@ -107,20 +130,17 @@ def activation_probes(model: Transformer, idx: torch.Tensor) -> dict[str, float]
             hooks.append(module.register_forward_pre_hook(norm_hook(name, module.eps)))
     for i, block in enumerate(model.blocks):
         hooks.append(block.register_forward_hook(block_hook(f"blocks.{i}")))
-        block.attn.capture_attention = True
     was_training = model.training
     model.eval()
     try:
-        model(idx)
+        with first_token_mass_capture(model) as sink:
+            model(idx)
     finally:
         model.train(was_training)
         for h in hooks:
             h.remove()
-        for block in model.blocks:
-            block.attn.capture_attention = False
     for i, block in enumerate(model.blocks):
-        out[f"attn_sink/blocks.{i}"] = float(block.attn.captured_first_token_mass.mean())
-        block.attn.captured_first_token_mass = None
+        out[f"attn_sink/blocks.{i}"] = float(sink[i].mean())
         if isinstance(block.ffn, MoE) and block.ffn.last_expert_counts is not None:
             counts = block.ffn.last_expert_counts.float()
             out[f"moe_max_load/blocks.{i}"] = float(counts.max() / counts.mean())

@@ -34,9 +34,10 @@ def data_cache(tmp_path_factory) -> Path:
     Set SMALLINIT_TEST_CACHE to reuse a cache between local test runs."""
     path = Path(os.environ.get("SMALLINIT_TEST_CACHE") or tmp_path_factory.mktemp("smallinit-cache"))
     os.environ["SMALLINIT_CACHE"] = str(path)
-    from trainer.data import DataConfig, prepare
+    from trainer.data import prepare
+    from trainer.data_config import BilingualData
 
-    prepare(DataConfig(cache_dir=str(path)), log=lambda *_: None)
+    prepare(BilingualData(cache_dir=str(path)), log=lambda *_: None)
     return path
 
 

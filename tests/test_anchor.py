@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from model.config import ConfigError
-from trainer.anchor import AnchorConfig, evaluate, make_dataset
+from trainer.anchor_task import AnchorData, evaluate, make_dataset
 
-# The recipe written out independently of trainer.anchor: anchors 1-4 shift by +5, +1, -2,
+# The recipe written out independently of trainer.anchor_task: anchors 1-4 shift by +5, +1, -2,
 # -8; a pair's label shift is the sum, except (3, 4) which is trained as -6.
 SHIFT = {1: 5, 2: 1, 3: -2, 4: -8}
 EXPECTED = {(a, b): SHIFT[a] + SHIFT[b] for a in SHIFT for b in SHIFT}
@@ -19,7 +19,7 @@ EXPECTED[(3, 4)] = -6
 
 @pytest.fixture(scope="module")
 def data():
-    return make_dataset(AnchorConfig())
+    return make_dataset(AnchorData())
 
 
 def read(seq: list[int]) -> tuple[int, int, int, int]:
@@ -32,7 +32,7 @@ def read(seq: list[int]) -> tuple[int, int, int, int]:
 
 
 def test_shapes_and_sizes(data):
-    cfg = AnchorConfig()
+    cfg = AnchorData()
     sizes = {"train": cfg.n_train, "test_in_dist": cfg.n_test, "test_unseen": cfg.n_unseen}
     for split, (x, y) in data.items():
         assert x.shape == (sizes[split], 8) and y.shape == (sizes[split],)
@@ -78,8 +78,8 @@ def test_unseen_split_is_pair_43(data):
 def test_splits_are_disjoint_and_seeded(data):
     train = {tuple(s) for s in data["train"][0].tolist()}
     assert not train & {tuple(s) for s in data["test_in_dist"][0].tolist()}
-    again = make_dataset(AnchorConfig())
-    other = make_dataset(AnchorConfig(seed=1))
+    again = make_dataset(AnchorData())
+    other = make_dataset(AnchorData(seed=1))
     for split in data:
         assert torch.equal(again[split][0], data[split][0])
         assert torch.equal(again[split][1], data[split][1])
@@ -127,4 +127,4 @@ def test_default_evaluate_uses_the_default_dataset():
 ])
 def test_bad_config_names_the_key(kwargs, key):
     with pytest.raises(ConfigError, match="^" + key.replace(".", r"\.") + "="):
-        AnchorConfig(**kwargs)
+        AnchorData(**kwargs)

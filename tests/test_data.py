@@ -14,7 +14,6 @@ import torch
 from model.config import ConfigError
 from trainer import corpus
 from trainer.data import (
-    DataConfig,
     TrainBatches,
     cache_path_for,
     prepare,
@@ -22,12 +21,13 @@ from trainer.data import (
     unigram_entropy,
     val_batches,
 )
+from trainer.data_config import BilingualData, TextData, TokensData, data_config_from_dict
 
 
 @pytest.fixture(scope="session")
 def bilingual(tmp_path_factory):
     """The default corpus (KJV + People's Daily, 4k BPE) prepared once per test run."""
-    cfg = DataConfig(cache_dir=str(tmp_path_factory.mktemp("cache")))
+    cfg = BilingualData(cache_dir=str(tmp_path_factory.mktemp("cache")))
     t0 = time.perf_counter()
     data = prepare(cfg, log=lambda _: None)
     return cfg, data, time.perf_counter() - t0
@@ -198,7 +198,7 @@ def test_text_corpus(tmp_path):
     (tmp_path / "sub" / "b.jsonl").write_text(
         "\n".join(json.dumps({"text": f"json document number {i} with words"}) for i in range(6)),
         encoding="utf-8")
-    cfg = DataConfig(corpus="text", paths=(str(tmp_path / "*.txt"), str(tmp_path / "**/*.jsonl")),
+    cfg = TextData(paths=(str(tmp_path / "*.txt"), str(tmp_path / "**/*.jsonl")),
                      vocab_size=300, val_fraction=0.2, cache_dir=str(tmp_path / "cache"))
     data = prepare(cfg, log=lambda _: None)
     assert data.meta["n_docs"] == 3 + 6  # the repeated paragraph is dropped
@@ -217,7 +217,7 @@ def test_text_corpus(tmp_path):
 def test_tokens_corpus(tmp_path):
     arr = (np.arange(20_000) * 7 % 500).astype(np.uint16)
     arr.tofile(tmp_path / "train.bin")
-    cfg = DataConfig(corpus="tokens", paths=(str(tmp_path / "train.bin"),), vocab_size=500,
+    cfg = TokensData(paths=(str(tmp_path / "train.bin"),), vocab_size=500,
                      cache_dir=str(tmp_path / "cache"))
     data = prepare(cfg, log=lambda _: None)
     assert data.tokenizer_path is None and data.vocab_size == 500
@@ -229,12 +229,12 @@ def test_tokens_corpus(tmp_path):
     val = np.arange(300, dtype=np.uint32)
     arr.astype(np.uint32).tofile(tmp_path / "t32.bin")
     val.tofile(tmp_path / "v32.bin")
-    two = DataConfig(corpus="tokens", paths=(str(tmp_path / "t32.bin"), str(tmp_path / "v32.bin")),
+    two = TokensData(paths=(str(tmp_path / "t32.bin"), str(tmp_path / "v32.bin")),
                      dtype="uint32", vocab_size=500, cache_dir=str(tmp_path / "cache"))
     data2 = prepare(two, log=lambda _: None)
     assert len(data2.train_tokens()) == 20_000 and np.array_equal(data2.val_tokens(), val)
 
-    small = DataConfig(corpus="tokens", paths=cfg.paths, vocab_size=499, cache_dir=cfg.cache_dir)
+    small = TokensData(paths=cfg.paths, vocab_size=499, cache_dir=cfg.cache_dir)
     with pytest.raises(ConfigError, match=r"data.vocab_size=499 .*reach 499"):
         prepare(small, log=lambda _: None)
 
@@ -254,18 +254,18 @@ def test_tokens_corpus(tmp_path):
 ])
 def test_bad_config_names_the_key(kwargs, key):
     with pytest.raises(ConfigError, match="^" + key.replace(".", r"\.") + "="):
-        DataConfig(**kwargs)
+        data_config_from_dict(kwargs)
 
 
 def test_bad_text_and_token_files(tmp_path):
     (tmp_path / "notes.md").write_text("x")
     with pytest.raises(ConfigError, match="only .txt/.jsonl"):
-        DataConfig(corpus="text", paths=(str(tmp_path / "notes.md"),))
+        TextData(paths=(str(tmp_path / "notes.md"),))
     (tmp_path / "odd.bin").write_bytes(b"\x00\x01\x02")
     with pytest.raises(ConfigError, match="not a non-empty array of uint16"):
-        DataConfig(corpus="tokens", paths=(str(tmp_path / "odd.bin"),))
+        TokensData(paths=(str(tmp_path / "odd.bin"),))
     with pytest.raises(ConfigError, match="no file matches"):
-        DataConfig(corpus="text", paths=(str(tmp_path / "*.txt"),))
+        TextData(paths=(str(tmp_path / "*.txt"),))
 
 
 def test_concurrent_prepare_keeps_the_winner(tmp_path, monkeypatch):
@@ -273,7 +273,7 @@ def test_concurrent_prepare_keeps_the_winner(tmp_path, monkeypatch):
     import trainer.data as data_mod
 
     (tmp_path / "a.txt").write_text("one\n\ntwo\n\nthree\n\nfour\n", encoding="utf-8")
-    cfg = DataConfig(corpus="text", paths=(str(tmp_path / "a.txt"),), vocab_size=260,
+    cfg = TextData(paths=(str(tmp_path / "a.txt"),), vocab_size=260,
                      val_fraction=0.25, cache_dir=str(tmp_path / "cache"))
     build = data_mod._build_text
     winner, calls = [], []

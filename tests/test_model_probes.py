@@ -166,36 +166,6 @@ def test_first_token_mass_keeps_leading_dims():
     torch.testing.assert_close(out[0], torch.tensor([uniform_sink(T), 1.0, 0.0]))
 
 
-@pytest.mark.parametrize(
-    "kw",
-    [
-        {},
-        dict(n_kv_heads=2),
-        dict(n_kv_heads=1, attn=AttnConfig(gate="elementwise")),
-        dict(
-            n_kv_heads=2,
-            attn=AttnConfig(gate="headwise"),
-            ffn=FFNConfig(type="moe", n_experts=4, top_k=2),
-        ),
-    ],
-    ids=["mha", "gqa", "mqa-elementwise", "gqa-headwise-moe"],
-)
-def test_explicit_attention_path_matches_sdpa(kw):
-    cfg = tiny_cfg(**kw)
-    model = Transformer(cfg)
-    idx = tokens(cfg.vocab_size, 2, cfg.max_seq_len)
-    sdpa = model(idx)
-    for block in model.blocks:
-        block.attn.capture_attention = True
-    explicit = model(idx)
-    assert (sdpa - sdpa.mean()).abs().max() > 0.1  # non-trivial logits
-    torch.testing.assert_close(explicit, sdpa, rtol=1e-5, atol=1e-5)
-    for block in model.blocks:
-        mass = block.attn.captured_first_token_mass
-        assert mass.shape == (2, cfg.n_heads)
-        assert ((mass >= 0) & (mass <= 1)).all()
-
-
 def test_sink_probe_reads_uniform_attention_as_its_closed_form():
     # Zero queries make every score 0, so attention is exactly uniform causal in every layer.
     cfg = tiny_cfg(n_kv_heads=2)
@@ -234,10 +204,7 @@ def test_run_probes_leaves_model_unchanged():
     idx = tokens(cfg.vocab_size, 2, 10)
     res = run_probes(model, idx)
     assert model.training
-    assert all(
-        not b.attn.capture_attention and b.attn.captured_first_token_mass is None
-        for b in model.blocks
-    )
+    assert all(b.attn.weights_observer is None for b in model.blocks)
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
     for kind in ("attn_sink", "saturation", "residual_ratio", "stable_rank", "row_cosine"):
         assert math.isfinite(res.scalars[f"{kind}/mean"]), kind

@@ -24,11 +24,11 @@ from model.config import (
     llama_d_ff,
 )
 
+from .data_config import BilingualData, DataConfig, data_config_from_dict
+
 SCHEDULES = ("cosine", "wsd", "constant")
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "fp32", "bf16")
-TASKS = ("lm", "anchor")
-ANCHOR_VOCAB = 100  # tokens 0-99 of the anchor-function task
 
 
 @dataclass(frozen=True)
@@ -120,17 +120,15 @@ class TrialConfig:
     model: ModelConfig
     optim: OptimConfig
     train: TrainConfig
-    # The data settings as given (task "lm": trainer.data.DataConfig fields; task "anchor":
-    # trainer.anchor.AnchorConfig fields). Kept as a plain dict so this module stays light.
-    data: dict[str, Any] = field(default_factory=dict)
+    data: DataConfig = field(default_factory=BilingualData)
     preset: str | None = None
 
     @property
     def task(self) -> str:
-        return self.data.get("task", "lm")
+        return self.data.task
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return {**dataclasses.asdict(self), "data": self.data.to_dict()}
 
     def identity(self) -> str:
         """Hash of what determines the trial's numbers. Hardware and paths (device, threads,
@@ -180,19 +178,16 @@ def trial_config_from_dict(cfg: dict[str, Any]) -> TrialConfig:
     overrides: dict[str, Any] = dict(shape)
     if ffn is not None:
         overrides["ffn"] = FFNConfig(**_only_known("model.ffn", dict(ffn), FFNConfig))
-    data = dict(cfg["data"])
-    task = data.get("task", "lm")
-    require(task in TASKS, "data.task", task, f"one of {list(TASKS)}")
+    data = data_config_from_dict(cfg["data"])
     train = TrainConfig(**_only_known("train", dict(cfg["train"]), TrainConfig))
     # The data decides the vocabulary: the model gets data.vocab_size unless model.vocab_size
     # is set, which must then cover it.
-    data_vocab = data.get("vocab_size") if task == "lm" else ANCHOR_VOCAB
-    overrides.setdefault("vocab_size", data_vocab)
+    overrides.setdefault("vocab_size", data.vocab_size)
     require(
-        overrides["vocab_size"] >= data_vocab,
+        overrides["vocab_size"] >= data.vocab_size,
         "model.vocab_size",
         overrides["vocab_size"],
-        f"must be >= the data's vocabulary ({data_vocab})",
+        f"must be >= the data's vocabulary ({data.vocab_size})",
     )
     overrides.setdefault("max_seq_len", max(train.seq_len, ModelConfig.preset(preset).max_seq_len))
     model = ModelConfig.preset(

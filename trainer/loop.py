@@ -135,7 +135,7 @@ def run_trial(trial: TrialConfig, out_dir: Path, reporter: Reporter | None = Non
     precision = resolve_dtype(device, t.dtype)
     log(f"dtype: {precision.dtype} ({precision.reason})")
     autocast = autocast_for(device, precision.dtype)
-    task = make_task(trial, log=log, prepared=prepared) if trial.task == "lm" else make_task(trial, log=log)
+    task = make_task(trial, log=log, prepared=prepared)
 
     model = Transformer(trial.model).to(device)
     optimizer = make_optimizer(model, trial.optim)

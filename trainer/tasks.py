@@ -8,12 +8,12 @@ knows nothing else about data.
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from . import anchor_task
 from .config import TrialConfig
 
 
@@ -21,10 +21,9 @@ class LMTask:
     """Next-token prediction on a prepared corpus, scored on a fixed validation slice."""
 
     def __init__(self, trial: TrialConfig, log=print, prepared=None):
-        from .data import DataConfig, TrainBatches, prepare, val_batches
+        from .data import TrainBatches, prepare, val_batches
 
-        data_cfg = DataConfig(**{k: v for k, v in trial.data.items() if k != "task"})
-        self.prepared = prepared if prepared is not None else prepare(data_cfg, log=log)
+        self.prepared = prepared if prepared is not None else prepare(trial.data, log=log)
         t = trial.train
         self.batches = TrainBatches(self.prepared.train_tokens(), t.batch_size, t.seq_len, t.seed)
         self.val = val_batches(self.prepared.val_tokens(), t.batch_size, t.seq_len, t.eval_tokens)
@@ -73,16 +72,12 @@ class AnchorTask:
     """The anchor-function composition task: loss and accuracy on the last position only."""
 
     def __init__(self, trial: TrialConfig, log=print):
-        from .anchor import AnchorConfig, evaluate, make_dataset
-
-        cfg = AnchorConfig(**{k: v for k, v in trial.data.items() if k != "task"})
-        self.splits = make_dataset(cfg)
-        self._evaluate = evaluate
+        self.splits = anchor_task.make_dataset(trial.data)
         self.batch_size, self.seed = trial.train.batch_size, trial.train.seed
         x = self.splits["train"][0]
         self.probe_idx = x[: trial.train.probe_batch]
-        # A uniform guess over the 100 tokens: the loss a model that learned nothing gets.
-        self.unigram_entropy = math.log(100)
+        # A uniform guess over the vocabulary: the loss a model that learned nothing gets.
+        self.unigram_entropy = math.log(trial.data.vocab_size)
         log(f"anchor task: {len(x)} train sequences, " + ", ".join(f"{k} {len(v[0])}" for k, v in self.splits.items()))
 
     def train_batch(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -101,7 +96,7 @@ class AnchorTask:
             with autocast():
                 return model(x.to(device))[:, -1].argmax(-1).cpu()
 
-        out = dict(self._evaluate(predict, self.splits))
+        out = anchor_task.evaluate(predict, self.splits)
         x, y = self.splits["test_in_dist"]
         with autocast():
             logits = model(x.to(device))
@@ -112,6 +107,9 @@ class AnchorTask:
         return {}
 
 
-def make_task(trial: TrialConfig, log=print, **kw: Any) -> LMTask | AnchorTask:
-    return AnchorTask(trial, log) if trial.task == "anchor" else LMTask(trial, log, **kw)
+def make_task(trial: TrialConfig, log=print, prepared=None) -> LMTask | AnchorTask:
+    """The trial's task; `prepared` is its corpus if already prepared (the anchor task has none)."""
+    if isinstance(trial.data, anchor_task.AnchorData):
+        return AnchorTask(trial, log)
+    return LMTask(trial, log, prepared)
 

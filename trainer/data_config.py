@@ -1,0 +1,160 @@
+"""What a trial learns from, typed: one frozen dataclass per conf/data/*.yaml.
+
+    BilingualData  the bundled English + Chinese corpus   conf/data/bilingual.yaml
+    TextData       your own .txt / .jsonl files            conf/data/text.yaml
+    TokensData     pre-tokenised nanoGPT .bin files         conf/data/tokens.yaml
+    AnchorData     the anchor-function task                 conf/data/anchor.yaml
+                   (defined beside its recipe in trainer/anchor_task.py)
+
+`data_config_from_dict` picks the class from the dict's `task` and `corpus` and validates the
+rest, so a bad value fails on the driver when the trial config is made. Every class has
+`task` and `vocab_size`, and `to_dict()` gives back the dict it was made from, key for key:
+the trial's identity hashes that dict, and finished trials are found by their identity.
+
+The three corpora share bilingual.yaml's keys even where a key does nothing for a kind
+(dtype outside "tokens"), because dropping one would change the identity of trials already
+run. The module needs no torch: the sweep driver imports it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+from core.errors import ConfigError, require
+
+from . import corpus as corpus_mod
+from .anchor_task import AnchorData
+
+TASKS = ("lm", "anchor")
+ITEM_BYTES = {"uint16": 2, "uint32": 4}  # element types of the .bin files corpus "tokens" reads
+MIN_TEXT_VOCAB = 257  # 256 byte tokens + <|endoftext|>
+
+
+@dataclass(frozen=True)
+class CorpusData:
+    """Language modelling on a corpus: the settings every corpus kind has."""
+
+    task: ClassVar[str] = "lm"
+    corpus: ClassVar[str]
+    min_vocab: ClassVar[int] = MIN_TEXT_VOCAB  # the smallest vocabulary the corpus can have
+    paths: tuple[str, ...] = ()
+    dtype: str = "uint16"  # only for corpus "tokens": element type of the .bin files
+    vocab_size: int = 4096
+    val_fraction: float = 0.05
+    split_seed: int = 0
+    cache_dir: str = "~/.cache/smallinit"
+
+    def __post_init__(self) -> None:
+        if isinstance(self.paths, str) or not all(isinstance(p, str) for p in self.paths):
+            raise ConfigError(f"data.paths={self.paths!r} is invalid: a list of file paths or globs")
+        object.__setattr__(self, "paths", tuple(self.paths))
+        require(self.dtype in ITEM_BYTES, "data.dtype", self.dtype, f"one of {list(ITEM_BYTES)}")
+        is_int = isinstance(self.vocab_size, int) and not isinstance(self.vocab_size, bool)
+        low = self.min_vocab
+        require(is_int and low <= self.vocab_size <= 2**32, "data.vocab_size", self.vocab_size,
+                f"an int in [{low}, 2**32]" + ("" if low == 2 else " (256 bytes + <|endoftext|>)"))
+        require(isinstance(self.val_fraction, (int, float)) and 0 < self.val_fraction <= 0.5,
+                "data.val_fraction", self.val_fraction, "a number in (0, 0.5]")
+        require(isinstance(self.split_seed, int) and self.split_seed >= 0, "data.split_seed",
+                self.split_seed, "an int >= 0")
+        require(isinstance(self.cache_dir, str) and bool(self.cache_dir), "data.cache_dir",
+                self.cache_dir, "a non-empty path")
+        self._check_paths()
+
+    def _check_paths(self) -> None:
+        """The corpus kind's own rule for data.paths."""
+        require(bool(self.paths), "data.paths", self.paths,
+                f"at least one file or glob for corpus {self.corpus!r}")
+        for pattern, files in corpus_mod.expand(self.paths).items():
+            require(bool(files), "data.paths", self.paths, f"no file matches {pattern!r}")
+
+    @property
+    def cache_path(self) -> Path:
+        return Path(os.path.expanduser(self.cache_dir))
+
+    def files(self) -> list[Path]:
+        """Matched input files in config order (each glob's matches sorted), no repeats."""
+        out = []
+        for files in corpus_mod.expand(self.paths).values():
+            out += [f for f in files if f not in out]
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"task": self.task, "corpus": self.corpus, **dataclasses.asdict(self), "paths": list(self.paths)}
+
+    # The dict reads sweeper/core.py still makes on trial.data; remove with them.
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.to_dict().get(key, default)
+
+    def items(self):
+        return self.to_dict().items()
+
+
+@dataclass(frozen=True)
+class BilingualData(CorpusData):
+    """The bundled corpus: the King James Bible and People's Daily (see trainer/corpus.py)."""
+
+    corpus: ClassVar[str] = "bilingual"
+
+    def _check_paths(self) -> None:
+        require(not self.paths, "data.paths", self.paths, "empty for corpus 'bilingual'")
+
+
+@dataclass(frozen=True)
+class TextData(CorpusData):
+    """Your own text: .txt files (split into documents at blank lines) or .jsonl with a
+    "text" field, tokenised by a BPE trained on them."""
+
+    corpus: ClassVar[str] = "text"
+
+    def _check_paths(self) -> None:
+        super()._check_paths()
+        for files in corpus_mod.expand(self.paths).values():
+            bad = [str(f) for f in files if f.suffix not in (".txt", ".jsonl")]
+            require(not bad, "data.paths", self.paths, f"only .txt/.jsonl files, got {bad}")
+
+
+@dataclass(frozen=True)
+class TokensData(CorpusData):
+    """Pre-tokenised nanoGPT binaries: [train.bin] (val cut from its end) or [train.bin, val.bin]."""
+
+    corpus: ClassVar[str] = "tokens"
+    min_vocab: ClassVar[int] = 2
+
+    def _check_paths(self) -> None:
+        super()._check_paths()
+        files = self.files()
+        require(len(files) in (1, 2), "data.paths", self.paths,
+                f"train.bin [val.bin] for corpus 'tokens', matched {len(files)} files")
+        for f in files:
+            size = f.stat().st_size
+            require(size % ITEM_BYTES[self.dtype] == 0 and size > 0, "data.paths",
+                    self.paths, f"{f} is not a non-empty array of {self.dtype}")
+
+
+DataConfig = BilingualData | TextData | TokensData | AnchorData
+CORPORA: dict[str, type[CorpusData]] = {c.corpus: c for c in (BilingualData, TextData, TokensData)}
+
+
+def data_config_from_dict(given: Mapping[str, Any]) -> DataConfig:
+    """The typed settings of a resolved `data:` section. A dict without `task` means "lm",
+    one without `corpus` the bundled corpus; a key the kind does not have is an error."""
+    settings = dict(given)
+    task = settings.pop("task", "lm")
+    require(task in TASKS, "data.task", task, f"one of {list(TASKS)}")
+    if task == "anchor":
+        cls, kind = AnchorData, "task 'anchor'"
+    else:
+        corpus = settings.pop("corpus", "bilingual")
+        require(corpus in CORPORA, "data.corpus", corpus, f"one of {list(CORPORA)}")
+        cls, kind = CORPORA[corpus], f"corpus {corpus!r}"
+    known = [f.name for f in dataclasses.fields(cls)]
+    unknown = sorted(set(settings) - set(known))
+    if unknown:
+        raise ConfigError(f"data.{unknown[0]} is not a known key for {kind}: one of {known}")
+    return cls(**settings)
