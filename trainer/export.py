@@ -116,12 +116,11 @@ def export(trial_dir: Path, out_dir: Path, tokenizer: Path | None = None) -> Pat
 
 def _trained_tokenizer(data: dict) -> Path | None:
     """The tokenizer.json the trial's corpus was prepared with (None for pre-tokenized data)."""
-    from .data import DataConfig, prepare
+    from .data import prepare
+    from .data_config import CorpusData, data_config_from_dict
 
-    if data.get("task", "lm") != "lm":
-        return None
-    fields = {k: tuple(v) if k == "paths" else v for k, v in data.items() if k != "task"}
-    return prepare(DataConfig(**fields), log=lambda *_: None).tokenizer_path
+    cfg = data_config_from_dict(data)
+    return prepare(cfg, log=lambda *_: None).tokenizer_path if isinstance(cfg, CorpusData) else None
 
 
 def main(argv: list[str] | None = None) -> int:
