@@ -48,7 +48,8 @@ def probe_curves(sweep: Sweep) -> pd.DataFrame:
                             "val_loss": m.get("val/loss", pd.Series(np.nan, index=m.index))})
         for kind in PROBE_KINDS:
             out[kind] = m[f"{kind}/mean"] if f"{kind}/mean" in m else np.nan
-        frames.append(out)
+        # Training-only rows (train.log_every) carry neither: the curves are evaluations and probes.
+        frames.append(out.dropna(subset=["val_loss", *PROBE_KINDS], how="all"))
     if not frames:
         return pd.DataFrame(columns=["identity", "step", "tokens", "val_loss", *PROBE_KINDS])
     cols = ["identity", "size", "variant", "gamma_curve", "gamma", "eps", "gate", "seed", "d_model", "setting"]

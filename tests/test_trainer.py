@@ -67,8 +67,10 @@ def test_outputs_of_a_trial(trial_config, tmp_path):
     # The saved per-token losses average to the loss the model gives that slice.
     assert np.isfinite(per_token["loss"]).all() and 0 < per_token["loss"].mean() < 10
     metrics = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert [m["step"] for m in metrics] == [0, 4, 8]
-    assert all("stable_rank/mean" in m and "attn_sink/mean" in m for m in metrics)
+    assert [m["step"] for m in metrics] == [0, 4, 5, 8]  # evaluations every 4, a training row every 5
+    evaluations = [m for m in metrics if "val/loss" in m]
+    assert [m["step"] for m in evaluations] == [0, 4, 8]
+    assert all("stable_rank/mean" in m and "attn_sink/mean" in m for m in evaluations)
     assert sorted(p.name for p in (tmp_path / "probes").iterdir()) == ["step_0000000.npz", "step_0000004.npz", "step_0000008.npz"]
     # Finished: final weights kept, optimizer checkpoint dropped, and a rerun trains nothing.
     assert (tmp_path / "model.pt").exists() and not (tmp_path / "checkpoint.pt").exists()
@@ -197,3 +199,15 @@ def test_torch_compile_matches_eager(trial_config, tmp_path):
     eager = run_trial(trial_config(), tmp_path / "eager", log=lambda *_: None)
     compiled = run_trial(trial_config("train.compile=true"), tmp_path / "compiled", log=lambda *_: None)
     assert compiled.final_val_loss == pytest.approx(eager.final_val_loss, abs=2e-3)
+
+
+def test_training_rows_follow_log_every_and_evaluation_keeps_its_cadence(trial_config, tmp_path):
+    trial = trial_config("train.max_tokens=1280", "train.log_every=3", "train.eval_every=5", "train.probe_every=0")
+    run_trial(trial, tmp_path, log=lambda *_: None)
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "train/loss" in r] == [3, 5, 6, 9, 10]
+    assert [r["step"] for r in rows if "val/loss" in r] == [0, 5, 10]
+    assert all({"train/lr", "train/grad_norm", "perf/tokens_per_s"} <= set(r) for r in rows if "train/loss" in r)
+    # Logging density is not part of what a trial is: the same trial, logged differently.
+    assert trial.identity() == trial_config("train.max_tokens=1280", "train.log_every=0", "train.eval_every=5",
+                                            "train.probe_every=0").identity()

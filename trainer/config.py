@@ -67,6 +67,9 @@ class TrainConfig:
     # from the model's size when given.
     tokens_per_param: float | None = None
     eval_every: int = 20
+    # Steps between training rows (loss, lr, grad norm, tokens/s) in metrics.jsonl, the console
+    # and W&B; 0 logs them only with each evaluation. Evaluation keeps its own cadence.
+    log_every: int = 5
     eval_tokens: int = 32768
     per_token_eval_tokens: int = 16384
     probe_every: int = 50
@@ -82,7 +85,7 @@ class TrainConfig:
         for key in ("batch_size", "seq_len", "grad_accum", "eval_every", "probe_batch"):
             value = getattr(self, key)
             require(isinstance(value, int) and value > 0, f"train.{key}", value, "must be a positive integer")
-        for key in ("eval_tokens", "per_token_eval_tokens", "probe_every", "ckpt_every", "seed"):
+        for key in ("eval_tokens", "per_token_eval_tokens", "probe_every", "ckpt_every", "log_every", "seed"):
             value = getattr(self, key)
             require(isinstance(value, int) and value >= 0, f"train.{key}", value, "must be an integer >= 0")
         require(
@@ -131,11 +134,11 @@ class TrialConfig:
         return {**dataclasses.asdict(self), "data": self.data.to_dict()}
 
     def identity(self) -> str:
-        """Hash of what determines the trial's numbers. Hardware and paths (device, threads,
-        compile, cache_dir, peak_tflops) are left out: the same trial on another machine is
-        the same trial."""
+        """Hash of what determines the trial's numbers. Hardware, paths and logging (device,
+        threads, compile, cache_dir, peak_tflops, log_every) are left out: the same trial on
+        another machine, or logged more densely, is the same trial."""
         d = self.to_dict()
-        for key in ("device", "threads", "compile", "peak_tflops"):
+        for key in ("device", "threads", "compile", "peak_tflops", "log_every"):
             d["train"].pop(key, None)
         d["data"].pop("cache_dir", None)
         blob = json.dumps(d, sort_keys=True, default=str)

@@ -178,7 +178,7 @@ def run_trial(trial: TrialConfig, out_dir: Path, reporter: Reporter | None = Non
             if _is_heatmap_step(step, total, t.probe_every):
                 np.savez_compressed(folder.probe_snapshot(step),
                                     **{k: v.numpy().astype(np.float16) for k, v in probes.cosine_matrices.items()})
-        if len(metrics) > len(train_stats):
+        if len(metrics) > len(train_stats) or "train/loss" in metrics:
             report.log(step, metrics)
         return metrics
 
@@ -214,7 +214,8 @@ def run_trial(trial: TrialConfig, out_dir: Path, reporter: Reporter | None = Non
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
             done = step + 1
-            due = done % t.eval_every == 0 or done == total or (t.probe_every and done % t.probe_every == 0)
+            due = (done % t.eval_every == 0 or done == total or (t.probe_every and done % t.probe_every == 0)
+                   or (t.log_every and done % t.log_every == 0))
             ckpt_due = t.ckpt_every and done % t.ckpt_every == 0 and done < total
             if due or ckpt_due or done % sync_every == 0:
                 loss_sum += _check_finite(pending, last_read + 1, done)
