@@ -29,10 +29,10 @@ EXPERIMENTS = ("width_trend", "gamma_scan", "eps_fix", "gate", "scaling", "moe",
 FIGURES = {
     "width_trend": ("width_trend", "loss_vs_lr", "gap_over_training", "effective_size"),
     "gamma_scan": ("loss_vs_gamma_by_lr", "gap_over_training", "loss_vs_gamma", "token_gain", "condensation"),
-    "eps_fix": ("loss_vs_gamma", "saturation"),
-    "gate": ("loss_vs_gamma", "attention_sink"),
+    "eps_fix": ("loss_vs_lr", "gap_over_training", "saturation"),
+    "gate": ("loss_vs_lr", "gap_over_training", "attention_sink"),
     "scaling": ("effective_size", "loss_curves", "token_gain"),
-    "moe": ("loss_vs_gamma", "loss_curves"),
+    "moe": ("loss_vs_lr", "gap_over_training", "loss_curves"),
     "anchor": ("anchor_phase",),
 }
 FIGURE_WIDTH = 900  # pixels: readable on a page, small in the repository
