@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
 from core.files import atomic_write
+
+if TYPE_CHECKING:
+    from .study import Study
 
 PROBE_SUMMARIES = ("attn_sink/mean", "stable_rank/mean", "row_cosine/mean", "saturation/mean", "residual_ratio/mean")
 
@@ -129,3 +132,24 @@ def write_table(sweep_dir: Path, df: pd.DataFrame) -> Path:
     atomic_write(path, lambda f: df.to_parquet(f, index=False))
     return path
 
+
+
+def write_results(sweep_dir: Path, study: Study) -> pd.DataFrame:
+    """Rebuild and write the table from the trial folders and the study; print the counts
+    and the best trial."""
+    states = {
+        ident: {"number": t.number, "state": t.state.name, "fail_reason": t.user_attrs.get("fail_reason"),
+                "trial_dir": t.user_attrs.get("trial_dir")}
+        for ident, t in study.by_identity().items()
+    }
+    df = build_table(sweep_dir, states)
+    path = write_table(sweep_dir, df)
+    counts = df["state"].value_counts().to_dict() if not df.empty else {}
+    print(f"results: {path} ({', '.join(f'{v} {k.lower()}' for k, v in counts.items()) or 'no trials'})")
+    done = df[df["state"] == "COMPLETE"].dropna(subset=["final_val_loss"]) if not df.empty else df
+    if not done.empty:
+        best = done.loc[done["final_val_loss"].idxmin()]
+        params = {c.removeprefix("param."): best[c].item() if hasattr(best[c], "item") else best[c]
+                  for c in df.columns if c.startswith("param.")}
+        print(f"best: trial {int(best['trial_number'])} {params} val loss {best['final_val_loss']:.4f} -> {best['trial_dir']}")
+    return df
