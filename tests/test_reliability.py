@@ -15,7 +15,7 @@ import optuna
 import pandas as pd
 import pytest
 
-from trainer.checkpoint import atomic_write_json
+from core.files import atomic_write_json
 
 from .conftest import REPO
 from .test_sweep import TINY_SWEEP, sweep
