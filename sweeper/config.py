@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from core.errors import ConfigError
+
 
 @dataclass
 class AshaConf:
@@ -47,6 +49,15 @@ class SmallinitSweeperConf:
     # logger imports torch into the driver, and metrics.jsonl and W&B hold the same numbers.
     tensorboard: bool = False
     asha: AshaConf = field(default_factory=AshaConf)
+
+
+def check_sweeper_conf(conf: SmallinitSweeperConf) -> None:
+    if not (isinstance(conf.n_trials, int) and conf.n_trials > 0):
+        raise ConfigError(f"hydra.sweeper.n_trials={conf.n_trials!r} is invalid: must be a positive integer")
+    if not 0 <= conf.max_failure_rate <= 1:
+        raise ConfigError(f"hydra.sweeper.max_failure_rate={conf.max_failure_rate!r} is invalid: must be in [0, 1]")
+    if conf.max_concurrent is not None and conf.max_concurrent < 1:
+        raise ConfigError(f"hydra.sweeper.max_concurrent={conf.max_concurrent!r} is invalid: must be >= 1 or null")
 
 
 def register() -> None:

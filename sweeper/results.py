@@ -8,13 +8,16 @@ atomically. Its columns are core.results_schema, documented in README.md ("The r
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
 from core import results_schema as schema
 from core.files import atomic_write
 from core.trial_dir import TrialDir
+
+if TYPE_CHECKING:
+    from .study import Study
 
 
 def trial_row(trial_dir: TrialDir, study_state: dict[str, Any] | None = None,
@@ -105,3 +108,25 @@ def write_table(sweep_dir: Path, df: pd.DataFrame) -> Path:
     path = schema.results_path(sweep_dir)
     atomic_write(path, lambda f: df.to_parquet(f, index=False))
     return path
+
+
+def write_results(sweep_dir: Path, study: Study) -> pd.DataFrame:
+    """Rebuild and write the table from the trial folders and the study; print the counts
+    and the best trial."""
+    states = {
+        ident: {"number": t.number, "state": t.state.name, "fail_reason": t.user_attrs.get("fail_reason"),
+                "trial_dir": t.user_attrs.get("trial_dir")}
+        for ident, t in study.by_identity().items()
+    }
+    df = build_table(sweep_dir, states)
+    path = write_table(sweep_dir, df)
+    counts = df[schema.STATE].value_counts().to_dict() if not df.empty else {}
+    print(f"results: {path} ({', '.join(f'{v} {k.lower()}' for k, v in counts.items()) or 'no trials'})")
+    done = df[df[schema.STATE] == schema.COMPLETE].dropna(subset=[schema.FINAL_VAL_LOSS]) if not df.empty else df
+    if not done.empty:
+        best = done.loc[done[schema.FINAL_VAL_LOSS].idxmin()]
+        params = {c.removeprefix(schema.PARAM_PREFIX): best[c].item() if hasattr(best[c], "item") else best[c]
+                  for c in df.columns if c.startswith(schema.PARAM_PREFIX)}
+        folder = schema.to_local_path(best["trial_dir"], sweep_dir)
+        print(f"best: trial {int(best[schema.TRIAL_NUMBER])} {params} val loss {best[schema.FINAL_VAL_LOSS]:.4f} -> {folder}")
+    return df

@@ -79,13 +79,6 @@ class AnchorData:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
-    # The dict reads sweeper/core.py still makes on trial.data; remove with them.
-    def get(self, key: str, default: Any = None) -> Any:
-        return self.to_dict().get(key, default)
-
-    def items(self):
-        return self.to_dict().items()
-
 
 def _sequences(rng: np.random.Generator, pairs: list[tuple[int, int]], n: int):
     """n sequences spread as evenly as possible over pairs -> (x (n, 8), y (n,)) int64."""

@@ -34,7 +34,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 
 from . import corpus as corpus_mod
 from .corpus import EOT, Document
-from .data_config import CorpusData, data_config_from_dict
+from .data_config import CorpusData
 
 FORMAT = 1  # bump when the bytes written here change
 SAMPLE_TOKENS = 1 << 24  # token statistics on huge binaries use an evenly strided sample
@@ -80,12 +80,6 @@ class PreparedData:
         from tokenizers import Tokenizer
 
         return Tokenizer.from_file(str(self.tokenizer_path))
-
-
-def DataConfig(**settings: Any) -> CorpusData:  # noqa: N802 (the name sweeper/core.py imports)
-    """The corpus settings from a data dict's keys, `corpus` included. Only for
-    sweeper/core.py, which still builds them from trial.data; remove with those lines."""
-    return data_config_from_dict({"task": "lm", **settings})
 
 
 def _memmap(path: Path, dtype: str, span: tuple[int, int]) -> np.memmap:

@@ -87,13 +87,6 @@ class CorpusData:
     def to_dict(self) -> dict[str, Any]:
         return {"task": self.task, "corpus": self.corpus, **dataclasses.asdict(self), "paths": list(self.paths)}
 
-    # The dict reads sweeper/core.py still makes on trial.data; remove with them.
-    def get(self, key: str, default: Any = None) -> Any:
-        return self.to_dict().get(key, default)
-
-    def items(self):
-        return self.to_dict().items()
-
 
 @dataclass(frozen=True)
 class BilingualData(CorpusData):

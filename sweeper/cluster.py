@@ -1,0 +1,84 @@
+"""The Ray cluster a sweep runs on: check ray.address is reachable, connect or start a local
+Ray, and stop what this sweep started."""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from core.errors import ConfigError, first_line
+
+from . import ray_internals
+
+log = logging.getLogger("smallinit.sweep")
+
+
+def check_reachable(address: str) -> None:
+    """Fail in seconds, not minutes: ray.init retries an unreachable GCS for a long time."""
+    import socket
+
+    if address == "auto":
+        if os.environ.get("RAY_ADDRESS") or ray_internals.LOCAL_CLUSTER_ADDRESS_FILE.exists():
+            return
+        raise ConfigError("ray.address='auto' is invalid: no running Ray cluster found on this machine "
+                          "(start one with `ray start --head`, or leave ray.address=null for a local Ray)")
+    hostport = address.removeprefix("ray://").rsplit("/", 1)[0]
+    host, _, port = hostport.rpartition(":")
+    try:
+        with socket.create_connection((host or "127.0.0.1", int(port)), timeout=5):
+            return
+    except (OSError, ValueError) as e:
+        raise ConfigError(
+            f"ray.address={address!r} is invalid: cannot reach {hostport} ({e}); start a cluster with "
+            "`ray start --head`, or leave ray.address=null for a local Ray"
+        ) from None
+
+
+def connect_ray(ray_cfg: dict[str, Any]) -> bool:
+    """Connect to ray.address, or start a local Ray; False if this process already had one."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    address = ray_cfg.get("address")
+    # Trials keep the working directory they were launched from (Tune would chdir into its
+    # own trial folder); set for every worker of the job, on a remote cluster too.
+    os.environ["RAY_CHDIR_TO_TRIAL_DIR"] = "0"
+    kwargs = {"include_dashboard": False, "logging_level": logging.WARNING, "log_to_driver": False,
+              "runtime_env": {"env_vars": {"RAY_CHDIR_TO_TRIAL_DIR": "0"}}}
+    try:
+        if address:
+            ray.init(address=address, **kwargs)
+        else:
+            ray.init(num_cpus=ray_cfg.get("num_cpus"), num_gpus=ray_cfg.get("num_gpus"), **kwargs)
+    except Exception as e:
+        raise ConfigError(
+            f"ray.address={address!r} is invalid: could not connect ({first_line(e)}); "
+            "start one with `ray start --head`, or leave ray.address=null for a local Ray"
+        ) from None
+    return True
+
+
+def stop_ray() -> None:
+    """Shut down (or disconnect from) the Ray this sweep started, now rather than at exit:
+    Ray's exit hook first sleeps 0.5 s for log lines this driver does not forward."""
+    import ray
+
+    # ray.shutdown() stops the autoscaler monitor after the GCS, and the monitor's SIGTERM
+    # handler then waits on the dead GCS until Ray's 1 s grace period runs out (1.4 s of the
+    # shutdown's 1.5 s here). A local cluster's monitor holds no state: stop it first.
+    try:
+        for process in ray_internals.local_monitor_processes():
+            process.kill()
+            process.wait(timeout=5)
+    except ray_internals.RayInternalsMoved as e:
+        log.warning("%s; shutting Ray down the slow way", e)
+    except Exception:  # noqa: BLE001 - a speed-up only: whatever went wrong, shut down the slow way
+        pass
+    ray.shutdown()
+
+
+def trial_resources(ray_cfg: dict[str, Any]) -> dict[str, float]:
+    """What each trial asks Ray for."""
+    return {"cpu": float(ray_cfg.get("cpus_per_trial") or 1), "gpu": float(ray_cfg.get("gpus_per_trial") or 0)}

@@ -1,0 +1,98 @@
+"""Overrides -> composed Hydra config -> validated TrialSpec, on the driver.
+
+Every trial is composed and validated here before anything launches, so a bad override
+stops the command with one line and leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from hydra.core.hydra_config import HydraConfig
+from hydra.errors import HydraException
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from core.errors import ConfigError, first_line
+from core.trial_dir import TrialDir
+from trainer.config import trial_config_from_dict
+
+from .space import SweepSpace
+from .trainable import TrialSpec
+
+
+class Composer:
+    """Overrides -> composed Hydra config -> validated TrialSpec, on the driver."""
+
+    def __init__(self, loader, base: DictConfig, space: SweepSpace, sweep_dir: Path):
+        self.loader, self.base, self.space, self.sweep_dir = loader, base, space, sweep_dir
+        # Validation composes every grid point before launch; planning asks again to write
+        # its folder. Hydra composition is ~0.2 s a trial, so each point is composed once.
+        self._built: dict[str, tuple[TrialSpec, DictConfig]] = {}
+
+    def compose(self, params: dict[str, Any]) -> tuple[list[str], DictConfig]:
+        overrides = self.space.overrides_for(params)
+        try:
+            cfg = self.loader.load_sweep_config(self.base, overrides)
+        except HydraException as e:
+            raise ConfigError(first_line(e)) from None
+        return overrides, cfg
+
+    def spec(self, params: dict[str, Any], write: bool = False) -> TrialSpec:
+        key = json.dumps(params, sort_keys=True, default=str)
+        if key not in self._built:
+            self._built[key] = self._build(params)
+        spec, job_cfg = self._built[key]
+        if write:  # Hydra's job-folder convention: the composed config and the overrides
+            out = TrialDir(spec.out_dir)
+            out.hydra_config.parent.mkdir(parents=True, exist_ok=True)
+            OmegaConf.save(job_cfg, out.hydra_config)
+            OmegaConf.save(OmegaConf.create(spec.overrides), out.hydra_overrides)
+            # The resolved config too: a trial whose worker dies before training starts has no
+            # trial.json, and the results table still needs its row.
+            out.write_sweep_plan(spec.params, spec.overrides, spec.identity, spec.trial.to_dict())
+        return spec
+
+    def _build(self, params: dict[str, Any]) -> tuple[TrialSpec, DictConfig]:
+        overrides, cfg = self.compose(params)
+        HydraConfig.instance().set_config(cfg)  # lets ${hydra:...} resolve on the driver
+        with open_dict(cfg):
+            job_cfg = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
+        try:
+            container = OmegaConf.to_container(job_cfg, resolve=True)
+        except Exception as e:
+            raise ConfigError(first_line(e)) from None
+        if container.get("data", {}).get("paths"):  # workers may run elsewhere: pin user files
+            container["data"]["paths"] = [str(Path(p).expanduser().absolute()) for p in container["data"]["paths"]]
+        trial = trial_config_from_dict(container)  # validates the data settings too
+        ray_cfg, wandb_cfg = container.get("ray", {}), container.get("wandb", {})
+        spec = TrialSpec(
+            identity=trial.identity(), trial=trial, out_dir=str(TrialDir.in_sweep(self.sweep_dir, trial.identity()).path),
+            params=dict(params), overrides=overrides, sweep_name=str(container.get("name", "sweep")),
+            wandb=dict(wandb_cfg), threads=int(ray_cfg.get("cpus_per_trial") or 1),
+        )
+        return spec, job_cfg
+
+
+def validate_sweep(composer: Composer) -> tuple[list[TrialSpec], list[TrialSpec]]:
+    """(every grid point's spec, the specs that were checked). A grid checks all its points;
+    a search cannot enumerate its space, so it checks the corners and has no fixed points."""
+    space = composer.space
+    if space.mode == "grid":
+        specs = [composer.spec(p) for p in space.grid()]
+        return specs, specs
+    return [], [composer.spec(p) for p in corner_params(space)]
+
+
+def corner_params(space: SweepSpace) -> list[dict[str, Any]]:
+    """Points that test every swept value's validity without enumerating a search space:
+    the low and high ends of each interval, each discrete value."""
+    base = {k: c.values[0] for k, c in space.discrete.items()}
+    base.update({k: d.low for k, d in space.intervals.items()})
+    points = [base]
+    for key, dist in space.intervals.items():
+        points.append({**base, key: dist.high})
+    for key, choices in space.discrete.items():
+        points += [{**base, key: v} for v in choices.values[1:]]
+    return points

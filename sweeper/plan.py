@@ -1,0 +1,97 @@
+"""What a sweep will run: open the study, see what it already holds, and decide which trials
+are skipped (finished), reused (left RUNNING by a killed driver) or left to run.
+
+Decided on the driver before Ray starts, and handed to the Tune wiring as one SweepPlan.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from optuna.distributions import BaseDistribution
+from optuna.trial import TrialState
+
+from core.trial_dir import TrialDir
+
+from .compose import Composer
+from .config import SmallinitSweeperConf
+from .space import SweepSpace
+from .study import (
+    FINISHED,
+    Pending,
+    Study,
+    default_storage_url,
+    make_sampler,
+    open_storage,
+    redacted,
+)
+from .trainable import TrialSpec
+
+
+@dataclass
+class SweepPlan:
+    space: SweepSpace
+    composer: Composer
+    study: Study
+    storage_url: str
+    sweep_dir: Path
+    # Validated before launch: every grid point, or a search space's corners.
+    checked: list[TrialSpec]
+    # How a grid's points are recorded, reconciled with what the study holds; None for a search.
+    grid_distributions: dict[str, BaseDistribution] | None
+    # Run first: unfinished grid points and the trials a killed driver left RUNNING.
+    pending: list[Pending]
+    # New Optuna samples to ask for once the pending trials are handed out.
+    n_new: int
+    skipped: int
+    total: int
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.pending or self.n_new)
+
+    def summary(self) -> str:
+        return (f"sweep {self.study.study.study_name}: {self.space.mode}, {self.total} trials ({self.skipped} already done), "
+                f"folder {self.sweep_dir}, study {redacted(self.storage_url)}")
+
+
+def plan_sweep(conf: SmallinitSweeperConf, composer: Composer, grid_specs: list[TrialSpec],
+               checked: list[TrialSpec], sweep_name: str) -> SweepPlan:
+    """Open the study and plan against it. Writes the folder of each trial left to run."""
+    space, sweep_dir = composer.space, composer.sweep_dir
+    storage_url = conf.storage or default_storage_url(sweep_dir)
+    storage = open_storage(storage_url)
+    sampler = make_sampler(conf.sampler, conf.seed, space.distributions())
+    study = Study(storage, conf.study_name or sweep_name, sampler)
+    # A grid rerun with more values (seeds, gammas) must fit what the study recorded: checked
+    # before Ray starts, so this error, like every other, comes in the first seconds.
+    grid_dists = study.grid_distributions(space) if space.mode == "grid" else None
+    # Everything is valid: from here on we write.
+    pending, n_new, skipped, total = _left_to_run(conf, space, study, grid_specs, composer)
+    return SweepPlan(space=space, composer=composer, study=study, storage_url=storage_url, sweep_dir=sweep_dir,
+                     checked=checked, grid_distributions=grid_dists, pending=pending, n_new=n_new,
+                     skipped=skipped, total=total)
+
+
+def _left_to_run(conf, space, study, specs, composer) -> tuple[list[Pending], int, int, int]:
+    """(pending, n_new, skipped, total)."""
+    known = study.by_identity()
+    if space.mode == "grid":
+        pending, skipped = [], 0
+        for spec in specs:
+            t = known.get(spec.identity)
+            done_file = TrialDir(spec.out_dir).finished
+            if done_file or (t is not None and t.state in FINISHED and not (t.state == TrialState.FAIL and conf.retry_failed)):
+                skipped += 1
+                continue
+            composer.spec(spec.params, write=True)
+            pending.append(Pending(spec, t if t is not None and t.state == TrialState.RUNNING else None))
+        return pending, 0, skipped, len(specs)
+    # Count every finished trial (a sampler may propose the same point twice); a RUNNING one
+    # was left by a killed driver (one driver per study at a time) and is resumed.
+    finished = [t for t in study.study.get_trials(deepcopy=False) if t.state in FINISHED]
+    interrupted = [t for t in known.values() if t.state == TrialState.RUNNING]
+    pending = [Pending(composer.spec(t.params, write=True), t) for t in interrupted]
+    n_new = max(0, conf.n_trials - len(finished) - len(pending))
+    return pending, n_new, len(finished), conf.n_trials

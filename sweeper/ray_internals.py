@@ -1,0 +1,73 @@
+"""Every Ray internal the sweeper relies on, in one place, checked against the installed Ray.
+
+Ray gives no public way to do these, and each is only a speed-up or a fast error: if Ray
+moves one, the sweep still works (the slow way), `check()` says so in one line, and
+tests/test_ray_internals.py fails on the upgrade.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+# The Ray these internals were read from (ray/_private/worker.py, node.py, ray_constants.py).
+CHECKED_AGAINST = "2.60.0"
+
+# Where a `ray start --head` on this machine writes its address (ray._common.utils.
+# get_ray_address_file with Ray's default temp dir); ray.init(address="auto") reads it.
+LOCAL_CLUSTER_ADDRESS_FILE = Path("/tmp/ray/ray_current_cluster")
+
+# Each dotted name this module uses; check() and the test resolve every one. Node's
+# all_processes is set in __init__, so only a live node shows it: the test starts one.
+INTERNALS = (
+    "ray._private.worker._global_node",
+    "ray._private.node.Node.is_head",
+    "ray._private.services.ProcessInfo.process",
+    "ray._private.ray_constants.PROCESS_TYPE_MONITOR",
+    "ray._common.utils.get_ray_address_file",
+)
+
+
+class RayInternalsMoved(RuntimeError):
+    pass
+
+
+def resolve(dotted: str):
+    """Import the longest importable module prefix of `dotted`, then getattr the rest."""
+    parts = dotted.split(".")
+    for split in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:split]))
+        except ImportError:
+            continue
+        for attr in parts[split:]:
+            obj = getattr(obj, attr)
+        return obj
+    raise ImportError(f"no module named {parts[0]!r}")
+
+
+def check() -> None:
+    """RayInternalsMoved, in one line, if any internal is gone from the installed Ray."""
+    import ray
+
+    for dotted in INTERNALS:
+        try:
+            resolve(dotted)
+        except (ImportError, AttributeError):
+            raise RayInternalsMoved(
+                f"ray {ray.__version__} has no {dotted} (sweeper/ray_internals.py was checked "
+                f"against ray {CHECKED_AGAINST}): update it for this Ray"
+            ) from None
+
+
+def local_monitor_processes() -> list:
+    """The autoscaler monitor processes (Popen) of the Ray head this process started;
+    empty when it only connected to a cluster."""
+    check()
+    from ray._private import ray_constants, worker
+
+    # Read at call time: ray.init() rebinds the module global.
+    node = worker._global_node
+    if node is None or not node.is_head():
+        return []
+    return [info.process for info in node.all_processes.get(ray_constants.PROCESS_TYPE_MONITOR, [])]

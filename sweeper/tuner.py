@@ -1,0 +1,88 @@
+"""The Ray Tune wiring: one Tuner that runs a SweepPlan's trials. StudySearcher decides
+which trial runs next, ASHA may stop it early, ProgressTable draws the terminal."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from .cluster import trial_resources
+from .config import SmallinitSweeperConf
+from .plan import SweepPlan
+
+
+def import_tune() -> None:
+    """Tune's imports (~1 s), done ahead so they can overlap Ray's start."""
+    # Tune's usage telemetry imports its W&B integration, and with it wandb (~0.8 s), when
+    # the run starts: imported here, beside Ray's start, it is off the critical path.
+    import ray.air.integrations.wandb  # noqa: F401
+    import ray.tune.logger  # noqa: F401
+    import ray.tune.schedulers  # noqa: F401
+
+    from . import progress, searcher  # noqa: F401
+
+
+def run_trials(conf: SmallinitSweeperConf, ray_cfg: dict[str, Any], plan: SweepPlan) -> str | None:
+    """Run the plan's trials on the connected Ray; the reason the sweep was aborted, if it was."""
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # our ProgressTable is the display
+    # A failed trial's last report has no val_loss; it is still a result we want recorded.
+    os.environ.setdefault("TUNE_DISABLE_STRICT_METRIC_CHECKING", "1")
+    # Tune's default loggers include TensorBoard's, whose import pulls torch into the driver
+    # (~2-3 s of every sweep's start): add the loggers ourselves, TensorBoard only when asked.
+    os.environ["TUNE_DISABLE_AUTO_CALLBACK_LOGGERS"] = "1"
+    from ray import tune
+    from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
+
+    from .progress import ProgressTable
+    from .searcher import StudySearcher
+    from .trainable import METRIC, run_spec
+
+    composer = plan.composer
+    searcher = StudySearcher(plan.study, plan.space, plan.pending, plan.n_new, lambda p: composer.spec(p, write=True),
+                             conf.max_failure_rate, plan.grid_distributions)
+
+    class AbortStopper(tune.Stopper):
+        def __call__(self, trial_id, result):
+            return False
+
+        def stop_all(self):
+            return searcher.aborted is not None
+
+    progress = ProgressTable(plan.space.swept_keys, plan.total, plan.skipped)
+    callbacks = [progress, CSVLoggerCallback(), JsonLoggerCallback()]
+    if conf.tensorboard:
+        from ray.tune.logger import TBXLoggerCallback
+
+        callbacks.append(TBXLoggerCallback())
+    tuner = tune.Tuner(
+        tune.with_resources(run_spec, trial_resources(ray_cfg)),
+        tune_config=tune.TuneConfig(metric=METRIC, mode="min", search_alg=searcher, scheduler=_scheduler(conf, plan),
+                                    num_samples=len(plan.pending) + plan.n_new, max_concurrent_trials=conf.max_concurrent,
+                                    reuse_actors=conf.reuse_workers,
+                                    trial_name_creator=_trial_name, trial_dirname_creator=_trial_name),
+        run_config=tune.RunConfig(name="tune", storage_path=str(plan.sweep_dir / "ray"), callbacks=callbacks, verbose=0,
+                                  stop=AbortStopper(), failure_config=tune.FailureConfig(max_failures=conf.max_retries)),
+    )
+    try:
+        tuner.fit()
+    finally:
+        progress.close()
+    return searcher.aborted
+
+
+def _scheduler(conf: SmallinitSweeperConf, plan: SweepPlan):
+    from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
+
+    if not conf.asha.enabled:
+        return FIFOScheduler()
+    # A search with nothing to resume has no spec yet: its first corner stands in.
+    steps = [p.spec.trial.train.total_steps for p in plan.pending] or [plan.checked[0].trial.train.total_steps]
+    max_t = max(steps)
+    # max_t + 1: ASHA stops a trial that reaches max_t, which would cut it off before
+    # it writes its results; finishing trials must end on their own.
+    return ASHAScheduler(time_attr="step", max_t=max_t + 1, grace_period=conf.asha.grace_period or max(1, max_t // 4),
+                         reduction_factor=conf.asha.reduction_factor)
+
+
+def _trial_name(trial) -> str:
+    return f"trial_{trial.config['number']}_{trial.config['spec'].identity}"
