@@ -42,6 +42,11 @@ def _read_json(path: Path, damaged_ok: bool) -> Any:
         raise
 
 
+def _file(name: str) -> property:
+    """A read-only path property: the file `name` inside the trial folder."""
+    return property(lambda self: self.path / name, doc=f"{name} in the trial folder")
+
+
 class TrialDir:
     """A trial folder; creating one touches nothing on disk."""
 
@@ -66,57 +71,22 @@ class TrialDir:
         return self.path.name
 
     # ---- paths ----
-
-    @property
-    def hydra_config(self) -> Path:
-        return self.path / ".hydra" / "config.yaml"
-
-    @property
-    def hydra_overrides(self) -> Path:
-        return self.path / ".hydra" / "overrides.yaml"
-
-    @property
-    def sweep_json(self) -> Path:
-        return self.path / "sweep.json"
-
-    @property
-    def placement_json(self) -> Path:
-        return self.path / "placement.json"
-
-    @property
-    def trial_json(self) -> Path:
-        return self.path / "trial.json"
-
-    @property
-    def metrics(self) -> Path:
-        return self.path / "metrics.jsonl"
-
-    @property
-    def probes(self) -> Path:
-        return self.path / "probes"
+    # The files of the module docstring, one line each.
+    hydra_config = _file(".hydra/config.yaml")
+    hydra_overrides = _file(".hydra/overrides.yaml")
+    sweep_json = _file("sweep.json")
+    placement_json = _file("placement.json")
+    trial_json = _file("trial.json")
+    metrics = _file("metrics.jsonl")
+    probes = _file("probes")
+    checkpoint = _file("checkpoint.pt")
+    per_token_losses = _file("per_token_losses.npz")
+    model_weights = _file("model.pt")
+    result_json = _file("result.json")
+    failure_json = _file("failure.json")
 
     def probe_snapshot(self, step: int) -> Path:
         return self.probes / f"step_{step:07d}.npz"
-
-    @property
-    def checkpoint(self) -> Path:
-        return self.path / "checkpoint.pt"
-
-    @property
-    def per_token_losses(self) -> Path:
-        return self.path / "per_token_losses.npz"
-
-    @property
-    def model_weights(self) -> Path:
-        return self.path / "model.pt"
-
-    @property
-    def result_json(self) -> Path:
-        return self.path / "result.json"
-
-    @property
-    def failure_json(self) -> Path:
-        return self.path / "failure.json"
 
     # ---- state ----
 

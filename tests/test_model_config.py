@@ -9,16 +9,8 @@ import pytest
 import torch
 from torch import nn
 
-from model import (
-    PRESETS,
-    AttnConfig,
-    ConfigError,
-    FFNConfig,
-    InitConfig,
-    ModelConfig,
-    NormConfig,
-    Transformer,
-)
+from core.errors import ConfigError
+from model import PRESETS, AttnConfig, FFNConfig, InitConfig, ModelConfig, NormConfig, Transformer
 from model.layers import MoE
 
 

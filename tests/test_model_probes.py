@@ -27,19 +27,7 @@ from model.probes import (
     weight_probes,
 )
 
-
-def tiny_cfg(gamma: float = 0.5, seed: int = 0, **kw) -> ModelConfig:
-    base = dict(
-        d_model=64,
-        n_layers=2,
-        n_heads=4,
-        d_ff=96,
-        vocab_size=97,
-        max_seq_len=16,
-        init=InitConfig(gamma=gamma, seed=seed),
-    )
-    base.update(kw)
-    return ModelConfig(**base)
+from .test_model_forward import tiny_cfg  # the same tiny model the forward tests use
 
 
 def tokens(vocab: int, B: int, T: int, seed: int = 0) -> torch.Tensor:

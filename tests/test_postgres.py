@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 
@@ -22,7 +21,7 @@ from sweeper import study as study_mod
 
 from .conftest import REPO
 from .postgres_server import PostgresServer, missing_reason
-from .test_sweep import CARD, TINY_SWEEP, result_mtimes, sweep
+from .test_sweep import CARD, KILLABLE, kill_driver_mid_sweep, result_mtimes, sweep, sweeps_at_once
 
 
 @pytest.fixture(scope="module")
@@ -94,18 +93,7 @@ def test_card_grid_on_a_postgres_study_records_each_trial_once_and_the_dashboard
 
 def test_two_sweeps_on_one_database_at_once_stay_complete_and_separate(tmp_path, data_cache, pg):
     url = pg.create("team")
-    results = {}
-
-    def run(name, gammas):
-        results[name] = sweep(tmp_path, data_cache, f"init.gamma={gammas}", f"hydra.sweeper.storage={url}",
-                              "wandb.mode=disabled", f"name={name}")
-
-    threads = [threading.Thread(target=run, args=("left", "0.5,0.75,1.0")),
-               threading.Thread(target=run, args=("right", "1.0,1.25,1.5"))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    results = sweeps_at_once(tmp_path, data_cache, url, {"left": "0.5,0.75,1.0", "right": "1.0,1.25,1.5"})
     for name, gammas in (("left", {0.5, 0.75, 1.0}), ("right", {1.0, 1.25, 1.5})):
         assert results[name].returncode == 0, results[name].stderr[-3000:]
         trials = trials_at(url, name)
@@ -115,27 +103,15 @@ def test_two_sweeps_on_one_database_at_once_stay_complete_and_separate(tmp_path,
 
 def test_killed_driver_reruns_against_the_same_database_without_duplicates(tmp_path, data_cache, pg):
     url = pg.create("killed")
-    args = [*CARD, "train.max_tokens=8192", "train.eval_every=16", "train.probe_every=0", "train.ckpt_every=8",
-            "wandb.mode=disabled", "name=killed", f"hydra.sweeper.storage={url}"]
-    env = {**os.environ, "PYTHONPATH": str(REPO), "SMALLINIT_CACHE": str(data_cache)}
-    driver = subprocess.Popen([sys.executable, str(REPO / "sweep.py"), "-m", *TINY_SWEEP, *args], cwd=tmp_path,
-                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    sweep_dir = tmp_path / "sweeps" / "killed"
-    deadline = time.time() + 300
-    while len(result_mtimes(sweep_dir)) < 2 and time.time() < deadline and driver.poll() is None:
-        time.sleep(0.5)
-    os.killpg(driver.pid, signal.SIGKILL)
-    driver.wait()
-    finished = result_mtimes(sweep_dir)
-    assert 2 <= len(finished) < 8, "the driver should die mid-sweep"
-
+    args = [*KILLABLE, f"hydra.sweeper.storage={url}"]
+    finished = kill_driver_mid_sweep(tmp_path, data_cache, args)
     proc = sweep(tmp_path, data_cache, *args)
     assert proc.returncode == 0, proc.stderr[-3000:]
     trials = trials_at(url, "killed")
     identities = [t.user_attrs["identity"] for t in trials]
     assert len(trials) == 8 and len(set(identities)) == 8
     assert {t.state for t in trials} == {optuna.trial.TrialState.COMPLETE}
-    after = result_mtimes(sweep_dir)
+    after = result_mtimes(tmp_path / "sweeps" / "killed")
     assert {k: after[k] for k in finished} == finished  # finished trials were not trained again
 
 

@@ -8,7 +8,6 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -19,7 +18,7 @@ import pytest
 from core.files import atomic_write_json
 
 from .conftest import REPO
-from .test_sweep import TINY_SWEEP, sweep
+from .test_sweep import TINY_SWEEP, sweep, sweeps_at_once
 
 
 def test_atomic_write_keeps_the_old_file_when_writing_fails(tmp_path):
@@ -66,18 +65,7 @@ def test_a_killed_ray_worker_is_retried_from_its_checkpoint(tmp_path, data_cache
 
 def test_two_sweeps_share_one_study_storage_at_once(tmp_path, data_cache):
     storage = f"sqlite:///{tmp_path / 'shared.db'}"
-    results = {}
-
-    def run(name, gammas):
-        results[name] = sweep(tmp_path, data_cache, f"init.gamma={gammas}", f"hydra.sweeper.storage={storage}",
-                              "wandb.mode=disabled", f"name={name}")
-
-    threads = [threading.Thread(target=run, args=("left", "0.5,0.75,1.0")),
-               threading.Thread(target=run, args=("right", "1.0,1.25,1.5"))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    results = sweeps_at_once(tmp_path, data_cache, storage, {"left": "0.5,0.75,1.0", "right": "1.0,1.25,1.5"})
     for name in ("left", "right"):
         assert results[name].returncode == 0, results[name].stderr[-3000:]
         study = optuna.load_study(study_name=name, storage=storage)

@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -81,10 +82,14 @@ def test_card_command_runs_every_trial_once_and_a_rerun_trains_nothing(tmp_path,
     assert len(study_trials(sweep_dir, "card")) == 10
 
 
-def test_killed_driver_resumes_without_duplicates_or_retraining(tmp_path, data_cache):
-    # Longer trials so the driver can be killed while some are finished and others running.
-    args = [*CARD, "train.max_tokens=8192", "train.eval_every=16", "train.probe_every=0",
-            "train.ckpt_every=8", "wandb.mode=disabled", "name=killed"]
+# Longer trials so the driver can be killed while some are finished and others running.
+KILLABLE = [*CARD, "train.max_tokens=8192", "train.eval_every=16", "train.probe_every=0", "train.ckpt_every=8",
+            "wandb.mode=disabled", "name=killed"]
+
+
+def kill_driver_mid_sweep(tmp_path, data_cache, args) -> dict[str, float]:
+    """Start `sweep.py -m ARGS`, kill -9 its whole process group once two trials finished;
+    return those trials' result.json mtimes."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "SMALLINIT_CACHE": str(data_cache)}
     driver = subprocess.Popen([sys.executable, str(REPO / "sweep.py"), "-m", *TINY_SWEEP, *args], cwd=tmp_path,
                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
@@ -96,8 +101,29 @@ def test_killed_driver_resumes_without_duplicates_or_retraining(tmp_path, data_c
     driver.wait()
     finished = result_mtimes(sweep_dir)
     assert 2 <= len(finished) < 8, "the driver should die mid-sweep"
+    return finished
 
-    proc = sweep(tmp_path, data_cache, *args)
+
+def sweeps_at_once(tmp_path, data_cache, storage: str, grids: dict[str, str]) -> dict:
+    """Run one sweep per (name, gammas) at the same time on one study storage."""
+    results = {}
+
+    def run(name, gammas):
+        results[name] = sweep(tmp_path, data_cache, f"init.gamma={gammas}", f"hydra.sweeper.storage={storage}",
+                              "wandb.mode=disabled", f"name={name}")
+
+    threads = [threading.Thread(target=run, args=item) for item in grids.items()]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results
+
+
+def test_killed_driver_resumes_without_duplicates_or_retraining(tmp_path, data_cache):
+    finished = kill_driver_mid_sweep(tmp_path, data_cache, KILLABLE)
+    sweep_dir = tmp_path / "sweeps" / "killed"
+    proc = sweep(tmp_path, data_cache, *KILLABLE)
     assert proc.returncode == 0, proc.stderr[-3000:]
     df = pd.read_parquet(sweep_dir / "results.parquet")
     assert len(df) == 8 and df["identity"].is_unique and set(df["state"]) == {"COMPLETE"}
