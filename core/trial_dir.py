@@ -12,6 +12,7 @@
     model.pt              the final weights
     result.json           the final summary: its presence means the trial finished
     failure.json          why a trial raised or diverged (a deterministic failure, not retried)
+    trial.log             the worker's output while it ran the trial (every attempt, appended)
 
 Every JSON file is written atomically, so a reader sees the old file or the new one. Readers
 that decide whether to train (the trainer, the worker) let a damaged file raise: taking a
@@ -84,6 +85,7 @@ class TrialDir:
     model_weights = _file("model.pt")
     result_json = _file("result.json")
     failure_json = _file("failure.json")
+    log = _file("trial.log")
 
     def probe_snapshot(self, step: int) -> Path:
         return self.probes / f"step_{step:07d}.npz"

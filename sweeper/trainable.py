@@ -8,12 +8,14 @@ process reaches Tune's retry, and the retry resumes from the trial's own checkpo
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
 import os
 import re
 import socket
+import sys
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -140,19 +142,47 @@ def run_spec(config: dict[str, Any]) -> None:
     done = out.read_result()
     if done is None:
         reporters = [TuneReporter(spec.trial.train.total_steps)]
-        try:
-            if spec.wandb.get("mode", "auto") != "disabled":
-                reporters.append(WandbReporter(spec))
-            done = _as_dict(run_trial(spec.trial, out.path, reporter=MultiReporter(*reporters), log=lambda *a: None))
-        except Exception as e:  # recorded, not retried: the same config would fail again
-            reason = f"{type(e).__name__}: {e}"
-            out.write_failure(reason, traceback.format_exc())
-            tune.report({"failed": 1, "fail_reason": reason[:1000], "done_training": True})
-            return
+        with output_to(out.log):
+            print(f"trial {spec.identity} ({spec.label()}), pid {os.getpid()} on {socket.gethostname()}", flush=True)
+            try:
+                if spec.wandb.get("mode", "auto") != "disabled":
+                    reporters.append(WandbReporter(spec))
+                done = _as_dict(run_trial(spec.trial, out.path, reporter=MultiReporter(*reporters),
+                                          log=lambda *a: print(*a, flush=True)))
+            except Exception as e:  # recorded, not retried: the same config would fail again
+                reason = f"{type(e).__name__}: {e}"
+                trace = traceback.format_exc()
+                print(trace, flush=True)
+                out.write_failure(reason, trace)
+                tune.report({"failed": 1, "fail_reason": reason[:1000], "done_training": True})
+                return
     final = {METRIC: done.get("final_val_loss"), "best_val_loss": done.get("best_val_loss"), "step": done["steps"],
              "tokens": done["tokens"], "done_training": True, "failed": 0}
     final.update({k.replace("/", "_"): v for k, v in done.get("final_metrics", {}).items() if _summary_key(k)})
     tune.report(final)
+
+
+@contextlib.contextmanager
+def output_to(path: Path):
+    """Send this process's stdout and stderr (file descriptors 1 and 2, so warnings from C
+    extensions too) to path while the trial runs: a user finds a trial's output in its folder,
+    not in Ray's session logs. Appends, so a retried trial keeps its first attempt's output."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "ab") as f:
+        os.dup2(f.fileno(), 1)
+        os.dup2(f.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            os.close(saved[0])
+            os.close(saved[1])
 
 
 def _record_placement(out: TrialDir) -> None:

@@ -159,6 +159,11 @@ def test_a_failing_trial_is_recorded_and_the_others_finish(tmp_path, data_cache)
     trials = {t.params["optim.lr"]: t for t in study_trials(tmp_path / "sweeps" / "fails", "fails")}
     assert trials[1e12].state == optuna.trial.TrialState.FAIL
     assert "diverged at step" in trials[1e12].user_attrs["fail_reason"]
+    # The reason reaches the screen, with the trial's own log (its output and the traceback).
+    log = tmp_path / "sweeps" / "fails" / df.loc[1e12, "trial_dir"] / "trial.log"
+    assert f"full log: {log}" in proc.stdout and "diverged at step" in proc.stdout.split("failed: trial")[1]
+    assert "TrialDiverged" in log.read_text() and "dtype:" in log.read_text()
+    assert "dtype:" in (tmp_path / "sweeps" / "fails" / df.loc[1e-3, "trial_dir"] / "trial.log").read_text()
 
 
 def test_max_failure_rate_stops_a_broken_sweep(tmp_path, data_cache):
