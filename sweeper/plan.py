@@ -14,6 +14,7 @@ from optuna.trial import TrialState
 
 from core.trial_dir import TrialDir
 
+from . import fixed_overrides
 from .compose import Composer
 from .config import SmallinitSweeperConf
 from .space import SweepSpace
@@ -60,6 +61,7 @@ def plan_sweep(conf: SmallinitSweeperConf, composer: Composer, grid_specs: list[
                checked: list[TrialSpec], sweep_name: str) -> SweepPlan:
     """Open the study and plan against it. Writes the folder of each trial left to run."""
     space, sweep_dir = composer.space, composer.sweep_dir
+    fixed = fixed_overrides.check(sweep_dir, space.fixed, space.swept_keys)
     storage_url = conf.storage or default_storage_url(sweep_dir)
     storage = open_storage(storage_url)
     sampler = make_sampler(conf.sampler, conf.seed, space.distributions())
@@ -68,6 +70,7 @@ def plan_sweep(conf: SmallinitSweeperConf, composer: Composer, grid_specs: list[
     # before Ray starts, so this error, like every other, comes in the first seconds.
     grid_dists = study.grid_distributions(space) if space.mode == "grid" else None
     # Everything is valid: from here on we write.
+    fixed_overrides.record(sweep_dir, fixed)
     pending, n_new, skipped, total = _left_to_run(conf, space, study, grid_specs, composer)
     return SweepPlan(space=space, composer=composer, study=study, storage_url=storage_url, sweep_dir=sweep_dir,
                      checked=checked, grid_distributions=grid_dists, pending=pending, n_new=n_new,

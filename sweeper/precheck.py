@@ -63,11 +63,26 @@ def _one_line(e: BaseException, overrides: list[str]) -> str:
     return first_line(e)
 
 
+def _refuse_new_keys(lines: list[str], conf_dir: Path) -> None:
+    """`+key=value` adds a key Hydra's config does not have. For a config group (+experiment=...)
+    that is how it is chosen; anywhere else nothing reads the key, and a sweep over it would run
+    the same trial twice under one identity."""
+    groups = sorted(p.name for p in conf_dir.iterdir() if p.is_dir() and not p.name.startswith((".", "_")))
+    for line in lines:
+        if not line.startswith("+"):
+            continue
+        key = line.split("=", 1)[0].lstrip("+")
+        if key.split("/", 1)[0] not in groups:
+            raise ConfigError(f"{line} is invalid: {key} is not a smallinit setting, so nothing would read it "
+                              "(+ adds a config group, as in +experiment=gate; set existing keys without +)")
+
+
 def precheck(argv: list[str], conf_dir: Path, config_name: str = "config") -> None:
     """Raise ConfigError with one line if Hydra would reject these command-line overrides."""
     if any(a.split("=", 1)[0] in _HYDRA_FLAGS for a in argv):
         return
     lines = [a for a in argv if not a.startswith("-")]
+    _refuse_new_keys(lines, conf_dir)
     parser = OverridesParser.create()
     stand_ins = [_stand_in(line, parser) for line in lines]
     try:

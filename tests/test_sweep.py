@@ -260,3 +260,22 @@ def test_a_sweep_on_your_own_text_with_a_relative_path(tmp_path, data_cache):
     # The driver pinned the relative glob to this folder, so workers read the same files.
     config = (tmp_path / "sweeps" / "owntext" / df["trial_dir"][0] / "trial.json").read_text()  # relative to the sweep
     assert str(docs / "*.txt") in config
+
+
+def test_a_folder_keeps_its_question_and_new_keys_are_refused(tmp_path, data_cache):
+    first = sweep(tmp_path, data_cache, "init.gamma=0.5,1.0", "wandb.mode=disabled", "name=q")
+    assert first.returncode == 0, first.stderr[-3000:]
+    record = tmp_path / "sweeps" / "q" / "fixed_overrides.json"
+    before = record.read_text()
+    # Another fixed override (a longer budget) in the same folder: another question, refused.
+    other = sweep(tmp_path, data_cache, "init.gamma=0.5,1.0", "train.max_tokens=2048", "wandb.mode=disabled", "name=q")
+    assert other.returncode != 0 and "train.max_tokens=2048" in other.stderr and "name=" in other.stderr
+    assert len(other.stderr.strip().splitlines()) == 1 and record.read_text() == before
+    # Growing the grid, picking a subset of it, or changing only where trials run is allowed.
+    grown = sweep(tmp_path, data_cache, "init.gamma=0.5,1.0,1.25", "wandb.mode=offline", "name=q")
+    assert grown.returncode == 0 and "3 trials (2 already done)" in grown.stdout, grown.stderr[-3000:]
+    subset = sweep(tmp_path, data_cache, "init.gamma=1.0", "name=q", "wandb.mode=disabled")
+    assert subset.returncode == 0 and "1 trials (1 already done)" in subset.stdout, subset.stderr[-3000:]
+    # A key no config has: refused before anything starts, in one line.
+    added = sweep(tmp_path, data_cache, "+foo=1,2", "name=foo")
+    assert added.returncode != 0 and "+foo=1,2 is invalid" in added.stderr and not (tmp_path / "sweeps" / "foo").exists()
