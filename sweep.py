@@ -3,6 +3,7 @@
     python sweep.py                      train one trial with the defaults (conf/config.yaml)
     python sweep.py model=mini init.gamma=0.5 norm.eps=1e-5
     python sweep.py -m init.gamma=0.5,0.75,1.0,1.25 norm.eps=1e-5,1e-12    a sweep
+    python sweep.py --show [-m] OVERRIDES    what each trial would get (shape, budget, identity)
 """
 
 from __future__ import annotations
@@ -54,8 +55,14 @@ def cli() -> None:
     from core.errors import ConfigError
     from sweeper.precheck import precheck
 
+    conf = Path(__file__).resolve().parent / "conf"
     try:
-        precheck(sys.argv[1:], Path(__file__).resolve().parent / "conf")
+        precheck([a for a in sys.argv[1:] if a != "--show"], conf)
+        if "--show" in sys.argv[1:]:
+            from sweeper.show import show
+
+            print(show([a for a in sys.argv[1:] if a != "--show"], conf))
+            return
     except ConfigError as e:
         sys.exit(f"error: {e}")
     main()

@@ -279,3 +279,15 @@ def test_a_folder_keeps_its_question_and_new_keys_are_refused(tmp_path, data_cac
     # A key no config has: refused before anything starts, in one line.
     added = sweep(tmp_path, data_cache, "+foo=1,2", "name=foo")
     assert added.returncode != 0 and "+foo=1,2 is invalid" in added.stderr and not (tmp_path / "sweeps" / "foo").exists()
+
+
+def test_show_prints_each_trial_as_it_will_train(tmp_path):
+    proc = run_cli(["--show", "model=micro", "model.d_model=128", "model.head_dim=64"], cwd=tmp_path, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "d_model: 128" in proc.stdout and "n_heads: 2" in proc.stdout and "d_ff: 384" in proc.stdout  # preset filled
+    assert "runs here" in proc.stdout and not (tmp_path / "runs").exists()  # nothing trained
+    grid = run_cli(["--show", "-m", "+experiment=gate"], cwd=tmp_path, timeout=120)
+    assert grid.returncode == 0, grid.stderr[-2000:]
+    assert "27 trial(s), grid" in grid.stdout and "Ray Tune trial" in grid.stdout and "not used" in grid.stdout
+    listed = [line.split()[1] for line in grid.stdout.splitlines() if line.startswith("#   ")]
+    assert len(listed) == len(set(listed)) == 27

@@ -1,0 +1,49 @@
+"""`python sweep.py --show [-m] OVERRIDES`: what each trial would get, before anything runs.
+
+Hydra's `--cfg job` prints the config as composed, where the model's shape fields are null
+(the preset fills them when the trial is built) and the launcher reads BasicLauncher although
+sweeps run on Ray. This prints the trial as it will train: the preset's shape filled in, the
+data and budget resolved, its identity, and how it would run.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from trainer.config import trial_config_from_dict
+
+from .space import parse_sweep
+
+
+def show(argv: list[str], conf_dir: Path) -> str:
+    multirun = "-m" in argv or "--multirun" in argv
+    lines = [a for a in argv if not a.startswith("-")]
+    with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
+        base = compose("config", overrides=[a for a in lines if "experiment" in a.split("=", 1)[0]],
+                       return_hydra_config=True)
+        params = (OmegaConf.to_container(base.hydra.sweeper.params) or {}) if multirun else {}
+        space = parse_sweep(lines, params)
+        points = space.grid() if space.mode == "grid" else [{}]
+        trials = []
+        for point in points:
+            cfg = compose("config", overrides=space.overrides_for(point))
+            trials.append((point, trial_config_from_dict(OmegaConf.to_container(cfg, resolve=True))))
+    point, first = trials[0]
+    m = first.model
+    out = [OmegaConf.to_yaml(OmegaConf.create(first.to_dict())).rstrip(),
+           f"# identity {first.identity()}: {first.preset}, {m.num_params() / 1e6:.2f}M parameters "
+           f"({m.num_params(active=True) / 1e6:.2f}M active), {first.train.total_steps} steps x "
+           f"{first.train.tokens_per_step} tokens = {first.train.total_steps * first.train.tokens_per_step:,} tokens"]
+    if not multirun:
+        out.append("# runs here, in this process (python sweep.py ...)")
+        return "\n".join(out)
+    mode = "grid" if space.mode == "grid" else f"Optuna search ({space.swept_keys} sampled)"
+    out.append(f"# with -m: {len(trials) if space.mode == 'grid' else 'hydra.sweeper.n_trials'} trial(s), {mode}, "
+               "each a Ray Tune trial launched by the smallinit sweeper (hydra/sweeper=smallinit; Hydra's launcher "
+               "setting is not used). Above: the first; all of them:")
+    for p, t in trials:
+        out.append(f"#   {t.identity()}  " + " ".join(f"{k}={v}" for k, v in p.items()))
+    return "\n".join(out)
