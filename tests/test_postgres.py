@@ -133,3 +133,13 @@ def _get_json(url: str, server: subprocess.Popen, timeout: float = 60) -> dict:
                 out = server.stdout.read() if server.poll() is not None else ""
                 raise AssertionError(f"optuna-dashboard did not answer at {url}: {out[-2000:]}") from None
             time.sleep(0.5)
+
+
+def test_the_dashboard_finds_a_sweeps_sqlite_study_or_says_what_is_missing(tmp_path):
+    from sweeper.dashboard import resolve
+
+    (tmp_path / "s").mkdir()
+    with pytest.raises(ConfigError, match="optuna.db does not exist"):
+        resolve(str(tmp_path / "s"), None)
+    (tmp_path / "s" / "optuna.db").touch()
+    assert resolve(str(tmp_path / "s"), None) == f"sqlite:///{(tmp_path / 's' / 'optuna.db').resolve()}"
