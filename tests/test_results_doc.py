@@ -45,12 +45,12 @@ def test_collect_copies_the_summary_and_shrinks_figures(tmp_path):
     src = tmp_path / "reports" / "moe"
     src.mkdir(parents=True)
     shutil.copyfile(DOCS / "results" / "moe" / "summary.json", src / "summary.json")
-    Image.new("RGB", (2400, 1200), "white").save(src / "loss_vs_gamma.png")
+    Image.new("RGB", (2400, 1200), "white").save(src / "loss_vs_lr.png")
     got = results_doc.collect(tmp_path / "reports", tmp_path / "docs")
     assert got == ["moe"]
     out = tmp_path / "docs" / "results" / "moe"
     assert (out / "summary.json").read_bytes() == (src / "summary.json").read_bytes()
-    assert Image.open(out / "loss_vs_gamma.png").size == (results_doc.FIGURE_WIDTH, 450)
+    assert Image.open(out / "loss_vs_lr.png").size == (results_doc.FIGURE_WIDTH, 450)
     assert not (out / "loss_curves.png").exists()  # absent from the report: nothing to copy
 
 
