@@ -151,7 +151,8 @@ def test_token_delta_matches_the_per_token_files(tiny_sweep, summary):
     b = df[(df["gamma"] == 0.5) & (df["eps"] == 1e-5)].set_index("train_seed")
     per_seed = []
     for seed in (0, 1):
-        za, zb = np.load(a.loc[seed, "per_token_losses_path"]), np.load(b.loc[seed, "per_token_losses_path"])
+        # Stored relative to the sweep folder.
+        za, zb = (np.load(tiny_sweep / t.loc[seed, "per_token_losses_path"]) for t in (a, b))
         assert np.array_equal(za["targets"], zb["targets"])
         pa, pb = np.exp(-za["loss"].astype(float)), np.exp(-zb["loss"].astype(float))
         per_seed.append(((pa - pb) / (pa + pb)).mean())
