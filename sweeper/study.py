@@ -65,7 +65,7 @@ def redacted(url: str) -> str:
 
 def open_storage(url: str) -> optuna.storages.BaseStorage:
     """An RDB storage for any SQLAlchemy URL; a bad URL fails here, before any trial."""
-    url = storage_url(url)
+    given, url = url, storage_url(url)  # errors name the URL the user gave
     if url.startswith("sqlite:///"):
         Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
     # A generous SQLite timeout lets concurrent sweeps share one file safely.
@@ -84,7 +84,7 @@ def open_storage(url: str) -> optuna.storages.BaseStorage:
     except Exception as e:  # SQLAlchemy raises many types: all mean the same to the user
         reason = first_line(e)
         raise ConfigError(
-            f"hydra.sweeper.storage={redacted(url)!r} is invalid: {reason} (use sqlite:///path.db or a SQLAlchemy URL such as postgresql://user@host/db)"
+            f"hydra.sweeper.storage={redacted(given)!r} is invalid: {reason} (use sqlite:///path.db or a SQLAlchemy URL such as postgresql://user@host/db)"
         ) from None
 
 
