@@ -16,16 +16,16 @@ EXPECTED = {
     "gamma_scan": (36, {"micro"}),
     "eps_fix": (12, {"micro"}),
     "gate": (27, {"micro"}),
-    "scaling": (18, {"nano", "micro", "mini"}),
+    "scaling": (36, {"nano", "micro", "mini"}),
     "moe": (18, {"micro-moe"}),
-    "anchor": (18, {"nano"}),
+    "anchor": (36, {"nano"}),
     "width_trend": (72, {"micro"}),
     "gpu/gamma_scan": (10, {"0.1b"}),
     "gpu/eps_fix": (4, {"0.5b"}),
     "gpu/gate": (6, {"0.1b"}),
     "gpu/scaling": (8, {"0.1b", "0.25b", "0.5b", "1b"}),
     "gpu/moe": (2, {"moe-0.5b"}),
-    "gpu/anchor": (64, {"nano"}),
+    "gpu/anchor": (128, {"nano"}),
 }
 
 
