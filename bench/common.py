@@ -47,6 +47,7 @@ class Settings:
     # cpu_bf16_speedup: bare-loop steps per dtype; cpu_mfu: the side of the peak matmul.
     cpu_steps: int = 10
     cpu_peak_n: int = 2048
+    compile_cold: bool = True  # cpu_compile also times a compile into an empty inductor cache
     gpu_presets: tuple[str, ...] = ("0.1b", "0.5b", "1.5b")
     gpu_steps: int = 10
     extra: dict[str, Any] = field(default_factory=dict)
@@ -93,6 +94,7 @@ TINY = Settings(
     make_sweep_overrides=_TINY_SWEEP_TRIAL,
     cpu_steps=2,
     cpu_peak_n=256,
+    compile_cold=False,
     gpu_presets=("0.1b",),
     gpu_steps=3,
 )

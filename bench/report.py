@@ -103,6 +103,12 @@ def rows(benchmarks: dict[str, dict]) -> list[list[str]]:
                         f"{b['n']}^3 matmul {b['matmul_gflops']:.0f} GFLOP/s ({b['dtype']})",
                         f"run_trial {e['ratio'] * b['matmul_gflops']:.0f} GFLOP/s", str(len(m["repeats"])),
                         "model FLOPs by PaLM's count over the training steps' own time", where])
+        elif name == "cpu_compile":
+            cold = f"; cold cache {m['wall_s_cold']:.1f} s ({e['cold_ratio']:.2f}x)" if m.get("wall_s_cold") else ""
+            out.append([name, _f(e["ratio"], ".2f"), "-", "recorded", f"eager {b['wall_s']:.1f} s",
+                        f"compiled {m['wall_s_warm']:.1f} s", str(e["repeats"]),
+                        f"{e['steps']} steps, fresh process each{cold}; steps alone {e['step_ratio']:.2f}x; {e['decision']}",
+                        where])
         elif name == "data_prep":
             c = e["corpus"]
             out.append([name, f"{e['cold_s']:.2f} s cold / {e['warm_s'] * 1000:.1f} ms warm", "-", "-",

@@ -80,6 +80,9 @@ def test_ratios_are_positive_and_finite(tiny_results):
     assert bf["ratio"] == pytest.approx(bf["measured"]["tokens_per_s"] / bf["baseline"]["tokens_per_s"])
     mfu = b["cpu_mfu"]
     assert 0 < mfu["ratio"] < 2 and _positive(mfu["baseline"]["matmul_gflops"])
+    c = b["cpu_compile"]  # compiled and eager trials, each in a fresh process, in this run
+    assert _positive(c["ratio"]) and c["ratio"] == pytest.approx(c["baseline"]["wall_s"] / c["measured"]["wall_s_warm"])
+    assert _positive(c["step_ratio"]) and "train.compile" in c["decision"] or "compile is" in c["decision"]
     d = b["data_prep"]
     assert _positive(d["cold_s"]) and _positive(d["warm_s"]) and d["corpus"]["train_tokens"] > 0
 
