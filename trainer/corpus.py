@@ -108,14 +108,14 @@ def read_text_files(files: Iterable[Path]) -> list[Document]:
     docs = []
     for path in files:
         try:
-            docs += _read_text_file(path)
+            docs += read_text_file(path)
         except UnicodeDecodeError as e:
             raise ValueError(f"{path} is not UTF-8 text (byte {e.start}: {e.object[e.start:e.start + 4]!r}); "
                              "data=text reads .txt and .jsonl in UTF-8") from None
     return dedupe(docs)
 
 
-def _read_text_file(path: Path) -> list[Document]:
+def read_text_file(path: Path) -> list[Document]:
     if path.suffix != ".jsonl":
         text = path.read_text(encoding="utf-8")
         return [Document("text", p.strip("\n")) for p in _TEXT_DOC_SEPARATOR.split(text) if p.strip()]
