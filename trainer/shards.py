@@ -57,10 +57,10 @@ def inspect(path: Path, dtype: str) -> Part:
         if head[1] != VERSION:
             raise ConfigError(f"data.paths: {path} has shard version {head[1]}: only version {VERSION} "
                               f"(uint16 tokens, magic {MAGIC}) is readable")
-        count = int(head[2])
+        count, held = int(head[2]), (size - HEADER_BYTES) / 2
         if count <= 0 or size != HEADER_BYTES + 2 * count:
             raise ConfigError(f"data.paths: {path} declares {count} tokens in its header but holds "
-                              f"{(size - HEADER_BYTES) / 2:g} (file truncated or header corrupt)")
+                              f"{int(held) if held.is_integer() else held} (file truncated or header corrupt)")
         if dtype != HEADERED_DTYPE:
             raise ConfigError(f"data.dtype={dtype!r} is invalid: {path} is a headered shard of uint16 tokens")
         return Part(str(path.resolve()), HEADER_BYTES, 0, count)
