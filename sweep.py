@@ -25,11 +25,13 @@ def main(cfg: DictConfig) -> float | None:
 
     from core.errors import ConfigError
     from trainer.config import trial_config_from_dict
+    from trainer.data_check import check_trials
     from trainer.loop import run_trial
     from trainer.reporting import ConsoleReporter
 
     try:
         trial = trial_config_from_dict(OmegaConf.to_container(cfg, resolve=True))
+        prepared = check_trials([trial]).get(trial.data)  # the corpus, held against the budget
     except ConfigError as e:
         sys.exit(f"error: {e}")
     out_dir = HydraConfig.get().runtime.output_dir
@@ -38,7 +40,7 @@ def main(cfg: DictConfig) -> float | None:
           f"gamma={m.init.gamma} eps={m.norm.eps:g} gate={m.attn.gate}, "
           f"{trial.train.total_steps} steps x {trial.train.tokens_per_step} tokens -> {out_dir}")
     console = ConsoleReporter(trial.train.total_steps, description=trial.preset or "train")
-    result = run_trial(trial, out_dir, reporter=console)
+    result = run_trial(trial, out_dir, reporter=console, prepared=prepared)
     if result.final_val_loss is not None:
         print(f"val loss {result.final_val_loss:.4f} (best {result.best_val_loss:.4f}; "
               f"unigram entropy of the val tokens {result.unigram_entropy:.4f}) after {result.tokens:,} tokens")

@@ -61,6 +61,7 @@ SETTING_COLUMNS = (
 OUTCOME_COLUMNS = (
     Column("dtype", str, "what train.dtype resolved to on the machine that ran the trial"),
     Column("tokens", int, "training tokens seen"),
+    Column("corpus_tokens", int, "training tokens of the trial's corpus (passes = tokens / corpus_tokens)"),
     Column(FINAL_VAL_LOSS, float, "validation loss (nats/token) at the end"),
     Column("best_val_loss", float, "validation loss at its best"),
     Column("unigram_entropy", float, "entropy of the validation tokens' unigram distribution"),

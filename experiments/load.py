@@ -135,7 +135,7 @@ def load(dirs: list[Path], metric: str = LOSS) -> Sweep:
     if schema.IDENTITY in results:
         results = results.drop_duplicates(schema.IDENTITY, keep="first").reset_index(drop=True)
     for col in (*SIZE_COLS, *SEED_COLS, *BASE_SETTING_COLS, *EXTRA_SETTING_COLS, *OPTIM_COLS, "gamma", "n_params", metric,
-                schema.STATE, schema.FAIL_REASON, "unigram_entropy", "attn_sink", "saturation", "residual_ratio", "wall_s", "dtype"):
+                schema.STATE, schema.FAIL_REASON, "unigram_entropy", "attn_sink", "saturation", "residual_ratio", "wall_s", "dtype", "corpus_tokens"):
         if col not in results:
             results[col] = np.nan
     if metric not in results:

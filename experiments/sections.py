@@ -37,6 +37,7 @@ def scale_table(sweep: Sweep) -> tuple[pd.DataFrame, dict]:
         rows.append({
             "size": size, "params": f"{int(r['n_params']):,}", "d_model": int(r["d_model"]), "layers": int(r["n_layers"]),
             "tokens / trial": ", ".join(f"{int(t):,}" for t in sorted(g["tokens"].dropna().unique())),
+            "passes": _passes(g),
             "complete trials": f"{len(g)} of {n_all}", "seeds": int(g["seed"].nunique()),
             "γ": ", ".join(f"{x:g}" for x in sorted(g["gamma"].unique())),
             "eps": ", ".join(f"{x:g}" for x in sorted(g["eps"].unique())),
@@ -46,14 +47,24 @@ def scale_table(sweep: Sweep) -> tuple[pd.DataFrame, dict]:
         })
     n_max = float(done["n_params"].max())
     t_max = float(done["tokens"].max()) if done["tokens"].notna().any() else float("nan")
+    passes = pd.to_numeric(done["tokens"], errors="coerce") / pd.to_numeric(done["corpus_tokens"], errors="coerce")
+    p_max = float(passes.max()) if passes.notna().any() else None
     info = dict(
-        sweeps=[str(d) for d in sweep.dirs], sizes=len(rows), max_params=n_max, max_tokens=t_max,
+        sweeps=[str(d) for d in sweep.dirs], sizes=len(rows), max_params=n_max, max_tokens=t_max, max_passes=p_max,
         trials=int(len(res)), complete=int(len(done)), compared=int(len(sweep.complete)),
         states=res["state"].value_counts().to_dict(),
         wall_s=float(pd.to_numeric(res.get("wall_s"), errors="coerce").sum()),
         params_below_paper=PAPER_PARAMS[0] / n_max, tokens_below_paper=PAPER_TOKENS / t_max if t_max else None,
     )
     return pd.DataFrame(rows), info
+
+
+def _passes(g: pd.DataFrame) -> str:
+    """Each distinct tokens / corpus training tokens of a size's trials: above a few, the trials
+    measure memorisation. "not recorded" for tables written before trials recorded their corpus."""
+    ratio = pd.to_numeric(g["tokens"], errors="coerce") / pd.to_numeric(g["corpus_tokens"], errors="coerce")
+    ratio = ratio[np.isfinite(ratio)]
+    return ", ".join(f"{x:.2f}" for x in sorted(ratio.round(2).unique())) or "not recorded"
 
 
 def cell_table(df: pd.DataFrame, metric: str) -> pd.DataFrame:
@@ -76,7 +87,10 @@ def header(ctx: Context) -> Part:
                                 if info["compared"] != info["complete"] else ".")))
     tok_txt = f"{info['max_tokens']:,.0f}" if math.isfinite(info["max_tokens"]) else "?"
     blocks.append(Block("note", f"Scale: {info['sizes']} model size(s), the largest {info['max_params'] / 1e6:.2f}M "
-                                f"parameters trained on {tok_txt} tokens per trial. The paper trains 0.1B–1.5B-parameter "
+                                f"parameters trained on {tok_txt} tokens per trial"
+                                + (f" (at most {info['max_passes']:.2f} passes over its corpus's training tokens)"
+                                   if info["max_passes"] is not None else "")
+                                + ". The paper trains 0.1B–1.5B-parameter "
                                 f"models on 1T tokens: its smallest model has {info['params_below_paper']:.0f}× the "
                                 f"parameters of the largest here" + (f", and it trains on {info['tokens_below_paper']:.1e}× the tokens"
                                                                      if info['tokens_below_paper'] else "")

@@ -63,8 +63,11 @@ class Composer:
             container = OmegaConf.to_container(job_cfg, resolve=True)
         except Exception as e:
             raise ConfigError(first_line(e)) from None
-        if container.get("data", {}).get("paths"):  # workers may run elsewhere: pin user files
-            container["data"]["paths"] = [str(Path(p).expanduser().absolute()) for p in container["data"]["paths"]]
+        data = container.get("data", {})
+        for key in ("paths", "val_paths"):  # workers may run elsewhere: pin user files
+            if data.get(key):
+                given = [data[key]] if isinstance(data[key], str) else data[key]
+                data[key] = [str(Path(p).expanduser().absolute()) for p in given]
         trial = trial_config_from_dict(container)  # validates the data settings too
         ray_cfg, wandb_cfg = container.get("ray", {}), container.get("wandb", {})
         spec = TrialSpec(

@@ -3,10 +3,12 @@
 1. Parse the overrides into a grid or an Optuna search space (sweeper/space.py).
 2. Compose and validate every trial's config with Hydra, here, before anything launches;
    a bad override stops the command with one line and leaves nothing behind (compose.py).
+   Prepare each distinct corpus once and hold every trial to it (trainer/data_check.py: the
+   files readable, long enough, ids within the vocabulary, the budget within train.max_epochs
+   passes), still before anything is written.
 3. Open the study (SQLite by default) and check the grid against what it recorded (plan.py).
 4. Skip trials whose identity already finished; reuse trials a killed driver left RUNNING.
-5. If any are left: start or connect to Ray (cluster.py) while the data is prepared once,
-   run them as Ray Tune trials (tuner.py: StudySearcher decides which, ASHA may stop them),
+5. If any are left: start or connect to Ray (cluster.py) while Tune is imported, run them as Ray Tune trials (tuner.py: StudySearcher decides which, ASHA may stop them),
    stop Ray.
 6. Write results.parquet and print the best trial (results.py).
 """
@@ -21,13 +23,13 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from core.errors import ConfigError
+from trainer.data_check import check_trials
 
 from .cluster import check_reachable, connect_ray, stop_ray
 from .compose import Composer, validate_sweep
 from .config import SmallinitSweeperConf, check_sweeper_conf
 from .plan import plan_sweep
 from .space import parse_sweep
-from .trainable import TrialSpec
 from .tuner import import_tune, run_trials
 
 
@@ -47,16 +49,16 @@ def _run(conf: SmallinitSweeperConf, loader, base: DictConfig, arguments: list[s
     sweep_dir = Path(base.hydra.sweep.dir).resolve()
     composer = Composer(loader, base, space, sweep_dir)
     grid_specs, checked = validate_sweep(composer)
+    check_trials([spec.trial for spec in checked])
     ray_cfg = OmegaConf.to_container(base.get("ray", {}), resolve=True) or {}
     if ray_cfg.get("address"):
         check_reachable(ray_cfg["address"])
     plan = plan_sweep(conf, composer, grid_specs, checked, str(base.get("name", "sweep")))
     print(plan.summary(), flush=True)
     aborted = None
-    if plan.has_work:  # a rerun of a finished sweep needs no cluster and no data
-        # Ray's start (~4 s, mostly waiting for its processes) overlaps the rest of the driver's
-        # work: the corpus check (minutes when the cache is cold) and Tune's imports (~1 s).
-        ready = _Background(lambda: (_prepare_data_once(plan.checked), import_tune()))
+    if plan.has_work:  # a rerun of a finished sweep needs no cluster
+        # Ray's start (~4 s, mostly waiting for its processes) overlaps Tune's imports (~1 s).
+        ready = _Background(import_tune)
         started = connect_ray(ray_cfg)
         try:
             ready.result()
@@ -74,19 +76,6 @@ def _quiet_libraries() -> None:
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-
-
-def _prepare_data_once(specs: list[TrialSpec]) -> None:
-    """Tokenise each distinct corpus on the driver so trials only read the cache."""
-    from trainer.data import prepare
-    from trainer.data_config import CorpusData
-
-    seen = set()
-    for spec in specs:
-        data = spec.trial.data
-        if isinstance(data, CorpusData) and data not in seen:  # frozen: hashable, equal by value
-            seen.add(data)
-            prepare(data)
 
 
 class _Background(threading.Thread):

@@ -73,6 +73,7 @@ def trial_row(trial_dir: TrialDir, study_state: dict[str, Any] | None = None,
             n_params=result["n_params"], tokens=result["tokens"], final_val_loss=result["final_val_loss"],
             best_val_loss=result["best_val_loss"], unigram_entropy=result["unigram_entropy"], wall_s=result["wall_s"],
             tokens_per_s=result["tokens_per_s"], mfu=result["mfu"], dtype=result.get("dtype"),
+            corpus_tokens=result.get("corpus_tokens"),
             per_token_losses_path=result["artifacts"].get("per_token_losses") or None,
         )
         for column in schema.PROBE_COLUMNS:

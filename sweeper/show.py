@@ -13,7 +13,9 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from trainer.config import trial_config_from_dict
+from trainer.config import TrialConfig, trial_config_from_dict
+from trainer.data_check import check_trial, describe, passes
+from trainer.data_config import CorpusData
 
 from .space import parse_sweep
 
@@ -24,7 +26,7 @@ def show(argv: list[str], conf_dir: Path) -> str:
     with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
         base = compose("config", overrides=[a for a in lines if "experiment" in a.split("=", 1)[0]],
                        return_hydra_config=True)
-        params = (OmegaConf.to_container(base.hydra.sweeper.params) or {}) if multirun else {}
+        params = (OmegaConf.to_container(base.hydra.sweeper.params or {}) or {}) if multirun else {}
         space = parse_sweep(lines, params)
         points = space.grid() if space.mode == "grid" else [{}]
         trials = []
@@ -36,7 +38,8 @@ def show(argv: list[str], conf_dir: Path) -> str:
     out = [OmegaConf.to_yaml(OmegaConf.create(first.to_dict())).rstrip(),
            f"# identity {first.identity()}: {first.preset}, {m.num_params() / 1e6:.2f}M parameters "
            f"({m.num_params(active=True) / 1e6:.2f}M active), {first.train.total_steps} steps x "
-           f"{first.train.tokens_per_step} tokens = {first.train.total_steps * first.train.tokens_per_step:,} tokens"]
+           f"{first.train.tokens_per_step} tokens = {first.train.total_steps * first.train.tokens_per_step:,} tokens",
+           *_passes(first)]
     if not multirun:
         out.append("# runs here, in this process (python sweep.py ...)")
         return "\n".join(out)
@@ -47,3 +50,21 @@ def show(argv: list[str], conf_dir: Path) -> str:
     for p, t in trials:
         out.append(f"#   {t.identity()}  " + " ".join(f"{k}={v}" for k, v in p.items()))
     return "\n".join(out)
+
+
+def _passes(trial: TrialConfig) -> list[str]:
+    """The budget against the corpus (prepared on first use, then a cache hit) and the verdict
+    the launch would give: refused above train.max_epochs, with the line it would print."""
+    if not isinstance(trial.data, CorpusData):
+        return []
+    from core.errors import ConfigError
+    from trainer.data import prepare
+
+    prepared = prepare(trial.data, log=lambda *_: None)
+    line = (f"# {passes(trial, prepared):,.2f} passes over the {prepared.n_train_tokens:,} training tokens of "
+            f"{describe(trial.data)} (train.max_epochs={trial.train.max_epochs})")
+    try:
+        check_trial(trial, prepared)
+    except ConfigError as e:
+        return [line, f"# a launch would be refused: error: {e}"]
+    return [line]

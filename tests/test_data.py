@@ -235,7 +235,7 @@ def test_tokens_corpus(tmp_path):
     assert len(data2.train_tokens()) == 20_000 and np.array_equal(data2.val_tokens(), val)
 
     small = TokensData(paths=cfg.paths, vocab_size=499, cache_dir=cfg.cache_dir)
-    with pytest.raises(ConfigError, match=r"data.vocab_size=499 .*reach 499"):
+    with pytest.raises(ConfigError, match=r"data.vocab_size=499 .*holds id 499"):
         prepare(small, log=lambda _: None)
 
 

@@ -166,6 +166,9 @@ def test_scale_is_stated(tiny_sweep, summary, tiny_report):
     df = pd.read_parquet(tiny_sweep / "results.parquet")
     assert summary["scale"]["max_params"] == df["n_params"].max()
     assert summary["scale"]["max_tokens"] == df["tokens"].max()
+    passes = df["tokens"] / df["corpus_tokens"]  # every trial records its corpus's training tokens
+    assert summary["scale"]["max_passes"] == pytest.approx(passes.max()) and passes.notna().all()
+    assert "passes over its corpus" in (tiny_report / "index.html").read_text()
     html = (tiny_report / "index.html").read_text()
     assert "CPU-scale measurements, not a reproduction" in html
     assert f"{int(df['n_params'].max()):,}" in html
@@ -304,6 +307,21 @@ def test_effective_size_report_from_several_sizes(tmp_path):
     assert np.mean([g["gain"] for g in s["effective_size"]["gains"]]) == pytest.approx(-0.3, abs=0.08)
     assert claim(s, "effective model size")["verdict"] == "contradicted"  # smaller, beyond the seed spread
     assert "effective_size.png" in {f["file"] for f in s["figures"]}
+
+
+def test_the_scale_table_states_each_sizes_passes(tmp_path):
+    from experiments.sections import scale_table
+
+    d = synthetic_sweep(tmp_path, gain=0.2)
+    df = pd.read_parquet(d / "results.parquet")
+    df.assign(corpus_tokens=np.where(df["model"] == "m0", 4_000, 40_000)).to_parquet(d / "results.parquet")
+    table, info = scale_table(load([d]))
+    assert list(table["passes"]) == ["2.50", "0.25", "0.25", "0.25"]  # tokens 10,000 / corpus tokens
+    assert info["max_passes"] == 2.5
+    # A table written before trials recorded their corpus still reports.
+    df.to_parquet(d / "results.parquet")
+    table, info = scale_table(load([d]))
+    assert set(table["passes"]) == {"not recorded"} and info["max_passes"] is None
 
 
 def test_paired_comparison_and_verdicts():

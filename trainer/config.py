@@ -66,6 +66,9 @@ class TrainConfig:
     # Budget as tokens per parameter (Chinchilla's rule of thumb is 20); sets max_tokens
     # from the model's size when given.
     tokens_per_param: float | None = None
+    # The most passes over the corpus's training tokens a budget may take (checked before launch,
+    # trainer/data_check.py): past a few, a run measures memorisation, not the paper's question.
+    max_epochs: float | None = 4
     eval_every: int = 20
     # Steps between training rows (loss, lr, grad norm, tokens/s) in metrics.jsonl, the console
     # and W&B; 0 logs them only with each evaluation. Evaluation keeps its own cadence.
@@ -106,6 +109,8 @@ class TrainConfig:
         require(self.device in DEVICES, "train.device", self.device, f"one of {list(DEVICES)}")
         require(self.dtype in DTYPES, "train.dtype", self.dtype, f"one of {list(DTYPES)}")
         require(self.threads is None or self.threads > 0, "train.threads", self.threads, "must be > 0 or null")
+        require(self.max_epochs is None or (isinstance(self.max_epochs, int | float) and self.max_epochs > 0),
+                "train.max_epochs", self.max_epochs, "must be a number > 0 or null (no limit)")
 
     @property
     def tokens_per_step(self) -> int:
@@ -134,13 +139,16 @@ class TrialConfig:
         return {**dataclasses.asdict(self), "data": self.data.to_dict()}
 
     def identity(self) -> str:
-        """Hash of what determines the trial's numbers. Hardware, paths and logging (device,
-        threads, compile, cache_dir, peak_tflops, log_every) are left out: the same trial on
-        another machine, or logged more densely, is the same trial."""
+        """Hash of what determines the trial's numbers. Hardware, paths, logging and guards
+        (device, threads, compile, cache_dir, peak_tflops, log_every, max_epochs) are left out:
+        the same trial on another machine, logged more densely or allowed more passes, is the
+        same trial."""
         d = self.to_dict()
-        for key in ("device", "threads", "compile", "peak_tflops", "log_every"):
+        for key in ("device", "threads", "compile", "peak_tflops", "log_every", "max_epochs"):
             d["train"].pop(key, None)
         d["data"].pop("cache_dir", None)
+        if not d["data"].get("val_paths"):  # added later: trials run on token files before keep their identity
+            d["data"].pop("val_paths", None)
         blob = json.dumps(d, sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 

@@ -103,24 +103,36 @@ def expand(patterns: Iterable[str]) -> dict[str, list[Path]]:
 
 
 def read_text_files(files: Iterable[Path]) -> list[Document]:
-    """.txt: split on blank lines and on literal <|endoftext|>; .jsonl: one doc per `text`."""
+    """.txt: split on blank lines and on literal <|endoftext|>; .jsonl: one doc per `text`.
+    A file that is not UTF-8 text (or not JSON lines) raises ValueError naming it."""
     docs = []
     for path in files:
-        if path.suffix == ".jsonl":
-            with open(path, encoding="utf-8") as f:
-                for n, line in enumerate(f, 1):
-                    if not line.strip():
-                        continue
-                    record = json.loads(line)
-                    if not isinstance(record, dict) or not isinstance(record.get("text"), str):
-                        raise ValueError(f"{path}:{n}: expected an object with a 'text' string")
-                    if record["text"].strip():
-                        docs.append(Document("text", record["text"]))
-        else:
-            text = path.read_text(encoding="utf-8")
-            docs += [Document("text", p.strip("\n")) for p in _TEXT_DOC_SEPARATOR.split(text)
-                     if p.strip()]
+        try:
+            docs += read_text_file(path)
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{path} is not UTF-8 text (byte {e.start}: {e.object[e.start:e.start + 4]!r}); "
+                             "data=text reads .txt and .jsonl in UTF-8") from None
     return dedupe(docs)
+
+
+def read_text_file(path: Path) -> list[Document]:
+    if path.suffix != ".jsonl":
+        text = path.read_text(encoding="utf-8")
+        return [Document("text", p.strip("\n")) for p in _TEXT_DOC_SEPARATOR.split(text) if p.strip()]
+    docs = []
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{n}: not a JSON object ({e.msg})") from None
+            if not isinstance(record, dict) or not isinstance(record.get("text"), str):
+                raise ValueError(f"{path}:{n}: expected an object with a 'text' string")
+            if record["text"].strip():
+                docs.append(Document("text", record["text"]))
+    return docs
 
 
 def dedupe(docs: list[Document]) -> list[Document]:

@@ -19,8 +19,9 @@ and every setting that changes the output (vocab_size, val_fraction, split_seed,
 The directory is built under a temporary name and renamed into place, so a reader sees all
 of it or none of it; when two processes race, the loser discards its copy.
 
-For corpus "tokens" (nanoGPT binaries) nothing is copied: the cache holds meta.json only
-and PreparedData points at slices of the user's files.
+For corpus "tokens" (flat nanoGPT binaries or headered shards, trainer/shards.py) nothing is
+copied: the cache holds meta.json only (with every shard's header checked and its largest
+token id) and PreparedData points at ranges of the user's files.
 """
 
 from __future__ import annotations
@@ -44,10 +45,13 @@ if TYPE_CHECKING:
     import torch
 
 from . import corpus as corpus_mod
+from . import shards
 from .corpus import EOT, Document
 from .data_config import CorpusData
+from .shards import Part
 
 FORMAT = 1  # bump when the bytes written here change
+TOKENS_FORMAT = 2  # corpus "tokens": bump when its meta.json changes (2: shards as parts)
 SAMPLE_TOKENS = 1 << 24  # token statistics on huge binaries use an evenly strided sample
 
 
@@ -55,7 +59,7 @@ SAMPLE_TOKENS = 1 << 24  # token statistics on huge binaries use an evenly strid
 class PreparedData:
     dir: Path
     tokenizer_path: Path | None  # None for corpus "tokens"
-    train_path: Path
+    train_path: Path  # the first file of each side
     val_path: Path
     dtype: str
     vocab_size: int  # the tokenizer's actual size, <= CorpusData.vocab_size
@@ -64,15 +68,15 @@ class PreparedData:
     unigram_entropy: float  # nats: entropy of the val tokens' own unigram distribution
     val_loss_train_unigram: float  # nats: val cross-entropy under add-one train unigram
     eot_id: int | None
-    train_slice: tuple[int, int]  # [start, stop) in tokens within train_path
-    val_slice: tuple[int, int]
+    train_parts: tuple[Part, ...]  # token ranges of files, concatenated in order
+    val_parts: tuple[Part, ...]
     meta: dict = field(repr=False, compare=False)
 
-    def train_tokens(self) -> np.memmap:
-        return _memmap(self.train_path, self.dtype, self.train_slice)
+    def train_tokens(self) -> np.ndarray | shards.TokenStream:
+        return shards.open_parts(list(self.train_parts), self.dtype)
 
-    def val_tokens(self) -> np.memmap:
-        return _memmap(self.val_path, self.dtype, self.val_slice)
+    def val_tokens(self) -> np.ndarray | shards.TokenStream:
+        return shards.open_parts(list(self.val_parts), self.dtype)
 
     def tokenizer(self):
         if self.tokenizer_path is None:
@@ -82,16 +86,16 @@ class PreparedData:
         return Tokenizer.from_file(str(self.tokenizer_path))
 
 
-def _memmap(path: Path, dtype: str, span: tuple[int, int]) -> np.memmap:
-    return np.memmap(path, dtype=dtype, mode="r")[span[0]:span[1]]
-
-
 def _locate(cfg: CorpusData) -> tuple[Path, dict, list[Path], list[dict]]:
     files = list(corpus_mod.bundled_files().values()) if cfg.corpus == "bilingual" else cfg.files()
     digest, sources = corpus_mod.fingerprint(files) if cfg.corpus != "tokens" else _stat_fp(files)
     settings = {"format": FORMAT, "corpus": cfg.corpus, "vocab_size": cfg.vocab_size,
                 "val_fraction": cfg.val_fraction, "split_seed": cfg.split_seed,
                 "input_dtype": cfg.dtype if cfg.corpus == "tokens" else None, "inputs": digest}
+    if cfg.corpus == "tokens":  # the file roles and the reader are part of what the cache holds
+        train, val = cfg.roles()
+        settings.update(tokens_format=TOKENS_FORMAT, train_files=[str(f.resolve()) for f in train],
+                        val_files=[str(f.resolve()) for f in val])
     key = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
     return cfg.cache_path / f"{cfg.corpus}-{key}", settings, files, sources
 
@@ -141,11 +145,17 @@ def prepare(cfg: CorpusData, log=print) -> PreparedData:
 def _load(d: Path) -> PreparedData:
     meta = json.loads((d / "meta.json").read_text())
     tokens = meta["corpus"] == "tokens"
+    if tokens:
+        train_parts = tuple(Part(*p) for p in meta["train_parts"])
+        val_parts = tuple(Part(*p) for p in meta["val_parts"])
+    else:  # the cache's own train.bin / val.bin, wherever the cache folder now is
+        train_parts = (Part(str(d / "train.bin"), 0, *meta["train_slice"]),)
+        val_parts = (Part(str(d / "val.bin"), 0, *meta["val_slice"]),)
     return PreparedData(
         dir=d,
         tokenizer_path=None if tokens else d / "tokenizer.json",
-        train_path=Path(meta["train_path"]) if tokens else d / "train.bin",
-        val_path=Path(meta["val_path"]) if tokens else d / "val.bin",
+        train_path=Path(train_parts[0].path) if tokens else d / "train.bin",
+        val_path=Path(val_parts[0].path) if tokens else d / "val.bin",
         dtype=meta["dtype"],
         vocab_size=meta["tokenizer_vocab_size"],
         n_train_tokens=meta["n_train_tokens"],
@@ -153,8 +163,8 @@ def _load(d: Path) -> PreparedData:
         unigram_entropy=meta["unigram_entropy"],
         val_loss_train_unigram=meta["val_loss_train_unigram"],
         eot_id=meta["eot_id"],
-        train_slice=tuple(meta["train_slice"]),
-        val_slice=tuple(meta["val_slice"]),
+        train_parts=train_parts,
+        val_parts=val_parts,
         meta=meta,
     )
 
@@ -191,8 +201,11 @@ def train_tokenizer(texts, vocab_size: int):
 
 
 def _build_text(cfg: CorpusData, out: Path) -> dict:
-    docs = corpus_mod.read_bilingual() if cfg.corpus == "bilingual" else \
-        corpus_mod.read_text_files(cfg.files())
+    try:
+        docs = corpus_mod.read_bilingual() if cfg.corpus == "bilingual" else \
+            corpus_mod.read_text_files(cfg.files())
+    except ValueError as e:  # a file that is not UTF-8 text or not JSON lines, named
+        raise ConfigError(f"data.paths={list(cfg.paths)!r} is invalid: {e}") from None
     if len(docs) < 2:
         raise ConfigError(f"data.paths={cfg.paths!r} is invalid: {len(docs)} document(s), "
                           "need >= 2 to split train/val")
@@ -232,25 +245,31 @@ def _stat_fp(files: list[Path]) -> tuple[str, list[dict]]:
 
 
 def _build_tokens(cfg: CorpusData, files: list[Path]) -> dict:
-    arrays = [np.memmap(f, dtype=cfg.dtype, mode="r") for f in files]
-    if len(files) == 2:
-        train_path, val_path = files
-        train_slice, val_slice = (0, len(arrays[0])), (0, len(arrays[1]))
-    else:
-        n = len(arrays[0])
-        cut = n - max(1, math.ceil(cfg.val_fraction * n))
-        train_path = val_path = files[0]
-        train_slice, val_slice = (0, cut), (cut, n)
-    train = arrays[0][train_slice[0]:train_slice[1]]
-    val = arrays[-1][val_slice[0]:val_slice[1]]
-    for name, arr in (("train", train), ("val", val)):
-        top = int(_sample(arr).max())
+    """Check every file (header, size, dtype, token ids against data.vocab_size) and record
+    which token ranges train and which validate. Reads each file once, in chunks."""
+    train_files, val_files = cfg.roles()
+    train = [shards.inspect(f, cfg.dtype) for f in train_files]
+    if val_files:
+        val = [shards.inspect(f, cfg.dtype) for f in val_files]
+    else:  # held out: the tail of the concatenated training tokens (one file: nanoGPT's cut)
+        n = sum(len(p) for p in train)
+        train, val = shards.split_tail(train, max(1, math.ceil(cfg.val_fraction * n)))
+    if not train or not val:
+        raise ConfigError(f"data.paths={list(cfg.paths)!r} is invalid: {sum(len(p) for p in train + val)} "
+                          "token(s), too few to hold out validation tokens")
+    for part in train + val:
+        arr = shards.memmap(part, cfg.dtype)
+        if cfg.dtype == "uint16" and shards.looks_like_uint32(arr):
+            raise ConfigError(f"data.dtype='uint16' is invalid: every second token of {part.path} is 0, "
+                              "as when uint32 ids are read as uint16 (set data.dtype=uint32)")
+        top = shards.max_token(arr)
         require(top < cfg.vocab_size, "data.vocab_size", cfg.vocab_size,
-                 f"> every token id, but {name} tokens reach {top}")
-    return {**_token_stats(train, val, cfg.vocab_size), "dtype": cfg.dtype,
+                f"> every token id, but {part.path} holds id {top} (declare the tokenizer's vocabulary, "
+                "or check data.dtype)")
+    train_arr, val_arr = shards.open_parts(train, cfg.dtype), shards.open_parts(val, cfg.dtype)
+    return {**_token_stats(train_arr, val_arr, cfg.vocab_size), "dtype": cfg.dtype,
             "tokenizer_vocab_size": cfg.vocab_size, "eot_id": None,
-            "train_path": str(train_path.resolve()), "val_path": str(val_path.resolve()),
-            "train_slice": list(train_slice), "val_slice": list(val_slice)}
+            "train_parts": [p.to_list() for p in train], "val_parts": [p.to_list() for p in val]}
 
 
 def _sample(arr: np.ndarray, n: int = SAMPLE_TOKENS, chunk: int = 1 << 16) -> np.ndarray:

@@ -2,7 +2,7 @@
 
     BilingualData  the bundled English + Chinese corpus   conf/data/bilingual.yaml
     TextData       your own .txt / .jsonl files            conf/data/text.yaml
-    TokensData     pre-tokenised nanoGPT .bin files         conf/data/tokens.yaml
+    TokensData     pre-tokenised .bin files or shard folders conf/data/tokens.yaml
     AnchorData     the anchor-function task                 conf/data/anchor.yaml
                    (defined beside its recipe in trainer/anchor_task.py)
 
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,10 +29,10 @@ from typing import Any, ClassVar
 from core.errors import ConfigError, require
 
 from . import corpus as corpus_mod
+from . import shards
 from .anchor_task import AnchorData
 
 TASKS = ("lm", "anchor")
-ITEM_BYTES = {"uint16": 2, "uint32": 4}  # element types of the .bin files corpus "tokens" reads
 MIN_TEXT_VOCAB = 257  # 256 byte tokens + <|endoftext|>
 
 
@@ -50,10 +51,12 @@ class CorpusData:
     cache_dir: str = "~/.cache/smallinit"
 
     def __post_init__(self) -> None:
-        if isinstance(self.paths, str) or not all(isinstance(p, str) for p in self.paths):
+        if isinstance(self.paths, str):  # data.paths=/one/dir on the command line: one entry
+            object.__setattr__(self, "paths", (self.paths,))
+        if not all(isinstance(p, str) for p in self.paths):
             raise ConfigError(f"data.paths={self.paths!r} is invalid: a list of file paths or globs")
         object.__setattr__(self, "paths", tuple(self.paths))
-        require(self.dtype in ITEM_BYTES, "data.dtype", self.dtype, f"one of {list(ITEM_BYTES)}")
+        require(self.dtype in shards.ITEM_BYTES, "data.dtype", self.dtype, f"one of {list(shards.ITEM_BYTES)}")
         is_int = isinstance(self.vocab_size, int) and not isinstance(self.vocab_size, bool)
         low = self.min_vocab
         require(is_int and low <= self.vocab_size <= 2**32, "data.vocab_size", self.vocab_size,
@@ -114,20 +117,74 @@ class TextData(CorpusData):
 
 @dataclass(frozen=True)
 class TokensData(CorpusData):
-    """Pre-tokenised nanoGPT binaries: [train.bin] (val cut from its end) or [train.bin, val.bin]."""
+    """Pre-tokenised tokens (trainer/shards.py reads both formats): files, folders or globs of
+    flat nanoGPT `.bin` arrays or llm.c's headered shards, concatenated in sorted order.
+
+    Which tokens validate: `val_paths` when given; else the files named like validation
+    (`val.bin`, `fineweb_val_000000.bin`: a `val` word in the name); else, as nanoGPT's pair,
+    the second of exactly two files given one by one; else the last `val_fraction` of the
+    concatenated training tokens.
+    """
 
     corpus: ClassVar[str] = "tokens"
     min_vocab: ClassVar[int] = 2
+    val_paths: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        val = (self.val_paths,) if isinstance(self.val_paths, str) else self.val_paths
+        if not all(isinstance(p, str) for p in val):
+            raise ConfigError(f"data.val_paths={self.val_paths!r} is invalid: a list of files, folders or globs")
+        object.__setattr__(self, "val_paths", tuple(val))
+        super().__post_init__()
 
     def _check_paths(self) -> None:
-        super()._check_paths()
-        files = self.files()
-        require(len(files) in (1, 2), "data.paths", self.paths,
-                f"train.bin [val.bin] for corpus 'tokens', matched {len(files)} files")
-        for f in files:
-            size = f.stat().st_size
-            require(size % ITEM_BYTES[self.dtype] == 0 and size > 0, "data.paths",
-                    self.paths, f"{f} is not a non-empty array of {self.dtype}")
+        for key, patterns in (("data.paths", self.paths), ("data.val_paths", self.val_paths)):
+            for pattern, files in _expand_bins(patterns).items():
+                require(bool(files), key, list(patterns), f"no file matches {pattern!r} (a .bin file, "
+                        "a folder of .bin shards or a glob)")
+        require(bool(self.paths), "data.paths", self.paths, "at least one .bin file, folder or glob for corpus 'tokens'")
+        train, val = self.roles()
+        require(bool(train), "data.paths", list(self.paths), f"only validation files matched: {[str(f) for f in val]}")
+        for f in train + val:  # headers and sizes: 1 KiB a file; the token ids are checked by prepare()
+            shards.inspect(f, self.dtype)
+
+    def files(self) -> list[Path]:
+        train, val = self.roles()
+        return train + [f for f in val if f not in train]
+
+    def roles(self) -> tuple[list[Path], list[Path]]:
+        """(train files, validation files); no validation files means a held-out fraction."""
+        given = _unique(_expand_bins(self.paths))
+        if self.val_paths:
+            return given, _unique(_expand_bins(self.val_paths))
+        named = [f for f in given if _VAL_WORD.search(f.stem)]
+        if named:
+            return [f for f in given if f not in named], named
+        if len(self.paths) == 2 and len(given) == 2 and all(Path(os.path.expanduser(p)).is_file() for p in self.paths):
+            return given[:1], given[1:]
+        return given, []
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**super().to_dict(), "val_paths": list(self.val_paths)}
+
+
+_VAL_WORD = re.compile(r"(^|[^a-z])(val|valid|validation)([^a-z]|$)", re.IGNORECASE)
+
+
+def _expand_bins(patterns) -> dict[str, list[Path]]:
+    """Like corpus.expand, and a folder stands for the .bin files in it."""
+    out = {}
+    for pattern in patterns:
+        folder = Path(os.path.expanduser(pattern))
+        out[pattern] = sorted(folder.glob("*.bin")) if folder.is_dir() else corpus_mod.expand([pattern])[pattern]
+    return out
+
+
+def _unique(expanded: dict[str, list[Path]]) -> list[Path]:
+    out: list[Path] = []
+    for files in expanded.values():
+        out += [f for f in files if f not in out]
+    return out
 
 
 DataConfig = BilingualData | TextData | TokensData | AnchorData

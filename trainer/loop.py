@@ -48,6 +48,7 @@ class TrialResult:
     tokens_per_s: float
     mfu: float | None
     dtype: str = "fp32"  # what train.dtype resolved to on the machine that ran it
+    corpus_tokens: int | None = None  # training tokens of the corpus: passes = tokens / corpus_tokens
     final_metrics: dict[str, float] = field(default_factory=dict)
     artifacts: dict[str, str] = field(default_factory=dict)
 
@@ -248,6 +249,7 @@ def run_trial(trial: TrialConfig, out_dir: Path, reporter: Reporter | None = Non
     result = TrialResult(
         identity=identity, steps=total, tokens=tokens, n_params=model.num_params(),
         final_val_loss=last.get("val/loss"), best_val_loss=best, unigram_entropy=task.unigram_entropy,
+        corpus_tokens=task.corpus_tokens,
         wall_s=prior_wall + time.perf_counter() - t0, tokens_per_s=tok_s,
         mfu=(tok_s * flops_tok / peak) if peak else None, dtype=precision.dtype, final_metrics=last,
         artifacts=folder.artifacts(per_token_losses=bool(per_token)),

@@ -32,6 +32,7 @@ class LMTask:
         source = self.val or per_token or [self.batches.batch(0)]
         self.probe_idx = source[0][0][: t.probe_batch]
         self.unigram_entropy = self.prepared.unigram_entropy
+        self.corpus_tokens = self.prepared.n_train_tokens
 
     def train_batch(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.batches.batch(i)
@@ -78,6 +79,7 @@ class AnchorTask:
         self.probe_idx = x[: trial.train.probe_batch]
         # A uniform guess over the vocabulary: the loss a model that learned nothing gets.
         self.unigram_entropy = math.log(trial.data.vocab_size)
+        self.corpus_tokens = None  # a task drawn from a fixed set: passes are not the question
         log(f"anchor task: {len(x)} train sequences, " + ", ".join(f"{k} {len(v[0])}" for k, v in self.splits.items()))
 
     def train_batch(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
