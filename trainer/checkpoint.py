@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # torch is imported where a checkpoint is written: the sweep driver only writes JSON
     import torch
 
+from core.errors import first_line
 from core.files import atomic_write
 
 
@@ -17,14 +19,27 @@ def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
     atomic_write(path, lambda f: torch.save(state, f))
 
 
-def load_checkpoint(path: Path, identity: str, device: torch.device) -> dict[str, Any] | None:
-    """The checkpoint's state if it belongs to this trial (same identity), else None."""
+def load_checkpoint(path: Path, identity: str, device: torch.device, log=print) -> dict[str, Any] | None:
+    """The checkpoint's state if it belongs to this trial (same identity); None if there is
+    none, or if it cannot be read: then it is set aside (renamed, kept) and the trial starts
+    from step 0, rather than failing on it at every attempt."""
     path = Path(path)
     if not path.exists():
         return None
     import torch
 
-    state = torch.load(path, map_location=device, weights_only=False)
+    try:
+        state = torch.load(path, map_location=device, weights_only=False)
+        if not isinstance(state, dict):
+            raise ValueError(f"holds a {type(state).__name__}, not a checkpoint")
+    except (OSError, MemoryError):  # the file may be fine: the machine is not
+        raise
+    except Exception as e:  # noqa: BLE001 - truncated, not a zip, not a pickle: all unreadable
+        aside = path.with_name(f"{path.name}.corrupt-{time.strftime('%Y%m%d-%H%M%S')}")
+        path.rename(aside)
+        log(f"{path} is unreadable ({type(e).__name__}: {first_line(e)}); set aside as {aside.name}, "
+            "training from step 0")
+        return None
     if state.get("identity") != identity:
         raise RuntimeError(
             f"{path} belongs to trial {state.get('identity')}, not {identity}: use another output folder"
