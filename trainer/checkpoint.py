@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -11,6 +12,10 @@ if TYPE_CHECKING:  # torch is imported where a checkpoint is written: the sweep 
 
 from core.errors import first_line
 from core.files import atomic_write
+
+
+# Errors that say the machine is at fault, not the file: the checkpoint is left in place.
+_NOT_THE_FILE = (errno.EACCES, errno.EPERM, errno.ENOMEM, errno.EMFILE, errno.ENFILE)
 
 
 def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
@@ -32,9 +37,9 @@ def load_checkpoint(path: Path, identity: str, device: torch.device, log=print) 
         state = torch.load(path, map_location=device, weights_only=False)
         if not isinstance(state, dict):
             raise ValueError(f"holds a {type(state).__name__}, not a checkpoint")
-    except (OSError, MemoryError):  # the file may be fine: the machine is not
-        raise
-    except Exception as e:  # noqa: BLE001 - truncated, not a zip, not a pickle: all unreadable
+    except Exception as e:  # noqa: BLE001 - truncated, not a zip (torch: OSError EINVAL), not a pickle
+        if isinstance(e, MemoryError) or (isinstance(e, OSError) and e.errno in _NOT_THE_FILE):
+            raise  # the file may be fine: the machine is not
         aside = path.with_name(f"{path.name}.corrupt-{time.strftime('%Y%m%d-%H%M%S')}")
         path.rename(aside)
         log(f"{path} is unreadable ({type(e).__name__}: {first_line(e)}); set aside as {aside.name}, "
