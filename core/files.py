@@ -3,6 +3,7 @@ truncated one (write to a temporary file in the same folder, fsync, then rename)
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import tempfile
@@ -22,9 +23,20 @@ def atomic_write(path: Path, write: Callable[[IO[bytes]], Any]) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
+        if _disk_full(e):  # say which file: torch's own message names none ("unexpected pos ...")
+            raise OSError(errno.ENOSPC, "No space left on device", str(path)) from e
         raise
+
+
+def _disk_full(e: BaseException | None) -> bool:
+    """e, or what it was raised while handling, is a full disk or quota."""
+    while e is not None:
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
 
 
 def atomic_write_json(path: Path, obj: Any) -> None:

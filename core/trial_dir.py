@@ -11,7 +11,8 @@
     per_token_losses.npz  loss of each token of the fixed eval slice, at the end
     model.pt              the final weights
     result.json           the final summary: its presence means the trial finished
-    failure.json          why a trial raised or diverged (a deterministic failure, not retried)
+    failure.json          why a trial raised or diverged, and whether that is the environment's
+                          fault (transient: retried by the next run) or its own (permanent)
     trial.log             the worker's output while it ran the trial (every attempt, appended)
 
 Every JSON file is written atomically, so a reader sees the old file or the new one. Readers
@@ -151,8 +152,12 @@ class TrialDir:
         """The finished trial's summary, or None if it has not finished."""
         return _read_json(self.result_json, damaged_ok)
 
-    def write_failure(self, reason: str, traceback: str) -> None:
-        atomic_write_json(self.failure_json, {"reason": reason, "traceback": traceback})
+    def write_failure(self, reason: str, traceback: str, kind: str | None = None) -> None:
+        atomic_write_json(self.failure_json, {"reason": reason, "traceback": traceback, "kind": kind})
+
+    def clear_failure(self) -> None:
+        """When the trial runs again: a trial that then completes carries no old reason."""
+        self.failure_json.unlink(missing_ok=True)
 
     def read_failure(self, damaged_ok: bool = False) -> dict[str, Any] | None:
         return _read_json(self.failure_json, damaged_ok)

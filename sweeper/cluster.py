@@ -1,10 +1,17 @@
 """The Ray cluster a sweep runs on: check ray.address is reachable, connect or start a local
-Ray, and stop what this sweep started."""
+Ray, and stop what this sweep started.
+
+A local cluster (ray.address unset) serves this driver alone: it listens on 127.0.0.1 only,
+and its processes end within seconds of the driver, however the driver ends (reaper.py)."""
 
 from __future__ import annotations
 
 import logging
 import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
 from typing import Any
 
 from core.errors import ConfigError, first_line
@@ -12,6 +19,11 @@ from core.errors import ConfigError, first_line
 from . import ray_internals
 
 log = logging.getLogger("smallinit.sweep")
+
+# Every process of a local cluster inherits this variable, set to a value unique to the
+# driver: reaper.py finds the processes to stop by it, and none of anyone else's.
+OWNER_VAR = "SMALLINIT_RAY_OWNER"
+_reaper: subprocess.Popen | None = None
 
 
 def check_reachable(address: str) -> None:
@@ -51,8 +63,14 @@ def connect_ray(ray_cfg: dict[str, Any]) -> bool:
         if address:
             ray.init(address=address, **kwargs)
         else:
+            _start_reaper()
+            try:
+                ray_internals.listen_on_loopback_only()
+            except ray_internals.RayInternalsMoved as e:
+                log.warning("%s; the local Ray listens on every interface", e)
             ray.init(num_cpus=ray_cfg.get("num_cpus"), num_gpus=ray_cfg.get("num_gpus"), **kwargs)
     except Exception as e:
+        _release_reaper()
         raise ConfigError(
             f"ray.address={address!r} is invalid: could not connect ({first_line(e)}); "
             "start one with `ray start --head`, or leave ray.address=null for a local Ray"
@@ -77,6 +95,33 @@ def stop_ray() -> None:
     except Exception:  # noqa: BLE001 - a speed-up only: whatever went wrong, shut down the slow way
         pass
     ray.shutdown()
+    _release_reaper()
+
+
+def _start_reaper() -> None:
+    """Tag this process's environment (Ray's processes inherit it) and start reaper.py,
+    which stops every tagged process once this driver is gone."""
+    global _reaper
+    tag = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
+    os.environ[OWNER_VAR] = tag
+    script = Path(__file__).with_name("reaper.py")
+    # Its stdin is a pipe whose other end only this process holds (not inherited: PEP 446),
+    # so it reads EOF when this process ends, kill -9 included. Its own session keeps it out
+    # of a kill of this process group; its environment drops the tag so it never matches itself.
+    env = {k: v for k, v in os.environ.items() if k != OWNER_VAR}
+    _reaper = subprocess.Popen([sys.executable, "-I", "-S", str(script), OWNER_VAR, tag, str(os.getpid())],
+                               stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               start_new_session=True, env=env)
+
+
+def _release_reaper() -> None:
+    """After ray.shutdown(): let the reaper stop whatever Ray left running (its agents
+    outlive a shutdown too) and go; it needs no waiting for."""
+    global _reaper
+    if _reaper is not None:
+        os.environ.pop(OWNER_VAR, None)  # what this process starts from now on is not Ray's
+        _reaper.stdin.close()
+        _reaper = None
 
 
 def trial_resources(ray_cfg: dict[str, Any]) -> dict[str, float]:

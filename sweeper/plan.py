@@ -14,7 +14,7 @@ from optuna.trial import TrialState
 
 from core.trial_dir import TrialDir
 
-from . import fixed_overrides
+from . import failures, fixed_overrides
 from .compose import Composer
 from .config import SmallinitSweeperConf
 from .space import SweepSpace
@@ -27,6 +27,7 @@ from .study import (
     open_storage,
     redacted,
 )
+from .study_rebuild import restore_from_folders
 from .trainable import TrialSpec
 
 
@@ -66,6 +67,10 @@ def plan_sweep(conf: SmallinitSweeperConf, composer: Composer, grid_specs: list[
     storage = open_storage(storage_url)
     sampler = make_sampler(conf.sampler, conf.seed, space.distributions())
     study = Study(storage, conf.study_name or sweep_name, sampler)
+    restored = restore_from_folders(study, sweep_dir, space.grid_distributions() if space.mode == "grid"
+                                    else space.distributions())
+    if restored:
+        print(f"study: recorded {restored} ended trials from {sweep_dir / 'trials'} that it lacked", flush=True)
     # A grid rerun with more values (seeds, gammas) must fit what the study recorded: checked
     # before Ray starts, so this error, like every other, comes in the first seconds.
     grid_dists = study.grid_distributions(space) if space.mode == "grid" else None
@@ -84,17 +89,33 @@ def _left_to_run(conf, space, study, specs, composer) -> tuple[list[Pending], in
         pending, skipped = [], 0
         for spec in specs:
             t = known.get(spec.identity)
-            done_file = TrialDir(spec.out_dir).finished
-            if done_file or (t is not None and t.state in FINISHED and not (t.state == TrialState.FAIL and conf.retry_failed)):
+            folder = TrialDir(spec.out_dir)
+            failed = folder.failed or (t is not None and t.state == TrialState.FAIL)
+            if folder.finished or (failed and not _retry(conf, folder, t)) or (
+                    not failed and t is not None and t.state in FINISHED):
                 skipped += 1
                 continue
             composer.spec(spec.params, write=True)
             pending.append(Pending(spec, t if t is not None and t.state == TrialState.RUNNING else None))
         return pending, 0, skipped, len(specs)
     # Count every finished trial (a sampler may propose the same point twice); a RUNNING one
-    # was left by a killed driver (one driver per study at a time) and is resumed.
-    finished = [t for t in study.study.get_trials(deepcopy=False) if t.state in FINISHED]
+    # was left by a killed driver (one driver per study at a time) and is resumed. A failure
+    # to retry runs again as a new study trial with the same params.
+    trials = study.study.get_trials(deepcopy=False)
+    retry = [t for t in known.values() if t.state == TrialState.FAIL and "trial_dir" in t.user_attrs
+             and _retry(conf, TrialDir(t.user_attrs["trial_dir"]), t)]
+    retried = {t.number for t in retry}
+    superseded = {t.number for t in trials if t.state == TrialState.FAIL
+                  and known.get(t.user_attrs.get("identity"), t).number != t.number}
+    finished = [t for t in trials if t.state in FINISHED and t.number not in superseded | retried]
     interrupted = [t for t in known.values() if t.state == TrialState.RUNNING]
     pending = [Pending(composer.spec(t.params, write=True), t) for t in interrupted]
+    pending += [Pending(composer.spec(t.params, write=True)) for t in retry]
     n_new = max(0, conf.n_trials - len(finished) - len(pending))
     return pending, n_new, len(finished), conf.n_trials
+
+
+def _retry(conf: SmallinitSweeperConf, folder: TrialDir, t) -> bool:
+    """A failed trial runs again if its failure was the environment's, or retry_failed says so."""
+    kind = failures.recorded_kind(folder.read_failure(damaged_ok=True), t.user_attrs if t is not None else {})
+    return failures.retry_on_rerun(kind, conf.retry_failed)

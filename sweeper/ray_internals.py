@@ -8,6 +8,7 @@ tests/test_ray_internals.py fails on the upgrade.
 from __future__ import annotations
 
 import importlib
+import os
 from pathlib import Path
 
 # The Ray these internals were read from (ray/_private/worker.py, node.py, ray_constants.py).
@@ -25,6 +26,8 @@ INTERNALS = (
     "ray._private.services.ProcessInfo.process",
     "ray._private.ray_constants.PROCESS_TYPE_MONITOR",
     "ray._common.utils.get_ray_address_file",
+    "ray._private.ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR",
+    "ray._private.ray_constants.ENABLE_RAY_CLUSTER",
 )
 
 
@@ -58,6 +61,21 @@ def check() -> None:
                 f"ray {ray.__version__} has no {dotted} (sweeper/ray_internals.py was checked "
                 f"against ray {CHECKED_AGAINST}): update it for this Ray"
             ) from None
+
+
+def listen_on_loopback_only() -> None:
+    """Make the local cluster this process is about to start bind 127.0.0.1 only.
+
+    Ray has no public switch. It binds its GCS, raylets, workers and agents to the node's IP,
+    and to 127.0.0.1 only when that IP is the loopback, which it is where "clusters" are off
+    (RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0, the default on macOS and Windows;
+    ray._private.services.get_node_ip_address). The variable is read when ray_constants is
+    imported: set for the processes Ray starts, and on the module, which may be imported already."""
+    check()
+    from ray._private import ray_constants
+
+    os.environ[ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False
 
 
 def local_monitor_processes() -> list:

@@ -17,6 +17,7 @@ from ray.tune.search import Searcher
 
 from core.errors import ConfigError
 
+from . import failures
 from .space import SweepSpace
 from .study import Pending, Study
 from .trainable import METRIC, TrialSpec
@@ -71,14 +72,17 @@ class StudySearcher(Searcher):
             return
         trial, _ = self.live.pop(trial_id)
         result = result or {}
+        kind = None
         if error:
-            state, reason = TrialState.FAIL, "the Ray worker crashed and retries were exhausted (see the Tune error file)"
+            state, reason, kind = TrialState.FAIL, failures.WORKER_CRASHED, failures.TRANSIENT
         elif result.get("failed"):
-            state, reason = TrialState.FAIL, result.get("fail_reason", "failed")
+            state, reason, kind = TrialState.FAIL, result.get("fail_reason", "failed"), result.get("fail_kind")
         elif not result.get("done_training"):
             state, reason = TrialState.PRUNED, None
         else:
             state, reason = TrialState.COMPLETE, None
+        if kind:
+            self.study.set_attrs(trial, fail_kind=kind)
         self.study.finish(trial, state, result.get(METRIC), reason)
         key = {TrialState.COMPLETE: "complete", TrialState.PRUNED: "pruned"}.get(state, "failed")
         self.counts[key] += 1

@@ -83,6 +83,11 @@ def open_storage(url: str) -> optuna.storages.BaseStorage:
                 time.sleep(0.2 * (attempt + 1))
     except Exception as e:  # SQLAlchemy raises many types: all mean the same to the user
         reason = first_line(e)
+        path = Path(url.removeprefix("sqlite:///")) if url.startswith("sqlite:///") else None
+        if path is not None and path.is_file():  # the file is at fault, not the setting
+            from .study_rebuild import unreadable_study
+
+            raise ConfigError(unreadable_study(path, reason)) from None
         raise ConfigError(
             f"hydra.sweeper.storage={redacted(given)!r} is invalid: {reason} (use sqlite:///path.db or a SQLAlchemy URL such as postgresql://user@host/db)"
         ) from None

@@ -1,9 +1,10 @@
 """What runs inside a Ray worker: one trial, its metrics forwarded to Ray Tune and W&B.
 
 The worker gets a `TrialSpec` that the driver composed and validated; it never touches
-Hydra. A trial that raises or diverges is caught here, written to `failure.json` and
-reported as failed (Tune must not retry a deterministic failure); only a crashed worker
-process reaches Tune's retry, and the retry resumes from the trial's own checkpoint.
+Hydra. A trial that raises or diverges is caught here, written to `failure.json` with its
+kind (failures.py: the environment's fault, retried by the next run, or the trial's own) and
+reported as failed (Tune's retry is for a crashed worker process, and resumes from the
+trial's own checkpoint).
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from typing import Any
 
 from core.trial_dir import TrialDir
 from trainer.config import TrialConfig
+
+from .failures import classify
 
 METRIC = "val_loss"  # what Tune, ASHA and the study optimise (val/loss, renamed for Tune)
 
@@ -144,17 +147,22 @@ def run_spec(config: dict[str, Any]) -> None:
         reporters = [TuneReporter(spec.trial.train.total_steps)]
         with output_to(out.log):
             print(f"trial {spec.identity} ({spec.label()}), pid {os.getpid()} on {socket.gethostname()}", flush=True)
+            previous = out.read_failure(damaged_ok=True)
+            if previous is not None:  # its reason stays in this log; the folder no longer says FAIL
+                print(f"running again after: {previous.get('reason')}", flush=True)
+                out.clear_failure()
             try:
                 if spec.wandb.get("mode", "auto") != "disabled":
                     reporters.append(WandbReporter(spec))
                 done = _as_dict(run_trial(spec.trial, out.path, reporter=MultiReporter(*reporters),
                                           log=lambda *a: print(*a, flush=True)))
-            except Exception as e:  # recorded, not retried: the same config would fail again
-                reason = f"{type(e).__name__}: {e}"
+            except Exception as e:  # recorded, not retried by Tune: the next run decides (failures.py)
+                kind, reason = classify(e)
                 trace = traceback.format_exc()
                 print(trace, flush=True)
-                out.write_failure(reason, trace)
-                tune.report({"failed": 1, "fail_reason": reason[:1000], "done_training": True})
+                with contextlib.suppress(OSError):  # a full disk may refuse even this: the study has it
+                    out.write_failure(reason, trace, kind)
+                tune.report({"failed": 1, "fail_reason": reason[:1000], "fail_kind": kind, "done_training": True})
                 return
     final = {METRIC: done.get("final_val_loss"), "best_val_loss": done.get("best_val_loss"), "step": done["steps"],
              "tokens": done["tokens"], "done_training": True, "failed": 0}

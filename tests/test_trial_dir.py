@@ -45,16 +45,18 @@ def test_round_trips(tmp_path):
     d.write_trial("t", {"x": 1})
     d.record_attempt("node-a", "host", 11)
     d.record_attempt("node-b", "host", 12)
-    d.write_failure("boom", "Traceback ...")
+    d.write_failure("boom", "Traceback ...", "transient")
     d.write_result({"identity": "t", "steps": 8})
     assert d.read_sweep_plan() == {"params": {"init.gamma": 0.5}, "overrides": ["init.gamma=0.5"], "identity": "t",
                                    "config": {"x": 1}}
     assert d.read_trial() == {"identity": "t", "config": {"x": 1}}
     assert [a["node_id"] for a in d.read_attempts()] == ["node-a", "node-b"]
     assert [a["pid"] for a in d.read_attempts()] == [11, 12]
-    assert d.read_failure() == {"reason": "boom", "traceback": "Traceback ..."}
+    assert d.read_failure() == {"reason": "boom", "traceback": "Traceback ...", "kind": "transient"}
     assert d.read_result() == {"identity": "t", "steps": 8}
     assert d.finished and d.failed
+    d.clear_failure()  # the trial runs again: the folder no longer says it failed
+    assert not d.failed and d.read_failure() is None
 
 
 def test_a_missing_file_reads_as_nothing(tmp_path):

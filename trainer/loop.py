@@ -142,7 +142,7 @@ def run_trial(trial: TrialConfig, out_dir: Path, reporter: Reporter | None = Non
     optimizer = make_optimizer(model, trial.optim)
     total = t.total_steps
     start, best, prior_wall, prior_train = 0, None, 0.0, 0.0
-    state = load_checkpoint(folder.checkpoint, identity, device)
+    state = load_checkpoint(folder.checkpoint, identity, device, log=log)
     if state is not None:
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])

@@ -1,0 +1,97 @@
+"""The trial folders are the source of truth; the study is an index over them.
+
+A trial folder that finished (result.json) or failed (failure.json) but that the study does
+not know (optuna.db deleted, or replaced by a fresh one) is recorded again, as it ended: its
+params, value, validation curve, identity and failure reason and kind. The rerun then skips
+it as it would have with the old study, rather than training it twice or failing on a table
+without trial numbers. A folder with neither file is left to the plan: it is resumed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
+from optuna.trial import TrialState
+
+from core.trial_dir import TrialDir
+
+from .study import Study
+
+
+def restore_from_folders(study: Study, sweep_dir: Path, distributions: dict[str, BaseDistribution]) -> int:
+    """Record in the study every ended trial folder of sweep_dir it lacks; how many."""
+    known = {t.user_attrs.get("identity") for t in study.study.get_trials(deepcopy=False)}
+    ended = [d for d in TrialDir.all_in_sweep(sweep_dir)
+             if d.identity not in known and (d.finished or d.failed) and d.read_sweep_plan().get("params") is not None]
+    ended.sort(key=lambda d: (d.sweep_json.stat().st_mtime, d.identity))  # roughly the order they were planned
+    if not ended:
+        return 0
+    plans = {d.identity: d.read_sweep_plan()["params"] for d in ended}
+    dists = _covering(distributions, list(plans.values()))
+    for d in ended:
+        params = plans[d.identity]
+        attrs: dict[str, Any] = {"identity": d.identity, "trial_dir": str(d.path), "restored_from_folder": True}
+        result, failure = d.read_result(damaged_ok=True), d.read_failure(damaged_ok=True)
+        value = (result or {}).get("final_val_loss")
+        if result is not None and value is not None and math.isfinite(value):
+            state = TrialState.COMPLETE
+        else:
+            state, value = TrialState.FAIL, None
+            attrs["fail_reason"] = (failure or {}).get("reason") or "no finite validation loss"
+            if (failure or {}).get("kind"):
+                attrs["fail_kind"] = failure["kind"]
+        study.study.add_trial(optuna.trial.create_trial(
+            state=state, value=value, params=params, distributions={k: dists[k] for k in params},
+            user_attrs=attrs, intermediate_values=_val_curve(d)))
+    return len(ended)
+
+
+def _val_curve(d: TrialDir) -> dict[int, float]:
+    """step -> val/loss, as the trial reported it to the study while it ran."""
+    curve = {}
+    if d.metrics.exists():
+        for line in d.metrics.read_text().splitlines():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:  # a line cut by a kill: the rest still counts
+                continue
+            loss = row.get("val/loss")
+            if isinstance(loss, int | float) and math.isfinite(loss):
+                curve[int(row["step"])] = float(loss)
+    return curve
+
+
+def _covering(base: dict[str, BaseDistribution], points: list[dict[str, Any]]) -> dict[str, BaseDistribution]:
+    """The sweep's distributions, widened to hold every restored value (an earlier, wider grid)."""
+    out = dict(base)
+    for key in {k for p in points for k in p}:
+        values = [p[key] for p in points if key in p]
+        dist = out.get(key)
+        numeric = all(isinstance(v, int | float) and not isinstance(v, bool) for v in values)
+        if isinstance(dist, IntDistribution) and all(isinstance(v, int) for v in values):
+            out[key] = IntDistribution(min(dist.low, *values), max(dist.high, *values), log=dist.log)
+        elif isinstance(dist, FloatDistribution | IntDistribution) and numeric:
+            out[key] = FloatDistribution(float(min(dist.low, *values)), float(max(dist.high, *values)), log=dist.log)
+        elif dist is None and numeric:
+            out[key] = FloatDistribution(float(min(values)), float(max(values)))
+        else:
+            choices = list(dist.choices) if isinstance(dist, CategoricalDistribution) else []
+            out[key] = CategoricalDistribution(choices + [v for v in dict.fromkeys(values) if v not in choices])
+    return out
+
+
+def shown(path: Path) -> str:
+    """path relative to the working directory when it is below it, as a user typed it."""
+    rel = os.path.relpath(path)
+    return path.as_posix() if rel.startswith("..") else rel
+
+
+def unreadable_study(path: Path, reason: str) -> str:
+    return (f"{shown(path)} is not a readable SQLite study: {reason}; move it aside and rerun to rebuild it "
+            "from the trial folders")

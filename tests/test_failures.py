@@ -1,0 +1,161 @@
+"""Faults outside a trial heal on a rerun; a trial's own failure stays final; the trial
+folders rebuild a lost study. Real sweeps (tiny configs, local Ray) and real faults."""
+
+from __future__ import annotations
+
+import errno
+import json
+import shutil
+import subprocess
+
+import optuna
+import pandas as pd
+import pytest
+
+from core.files import atomic_write
+from sweeper import failures
+
+from .test_sweep import result_mtimes, study_trials, sweep
+
+DIVERGES = ["optim.lr=1e12", "optim.grad_clip=null", "optim.warmup_frac=0", "train.max_tokens=4096"]
+
+
+def table(tmp_path, name: str) -> pd.DataFrame:
+    return pd.read_parquet(tmp_path / "sweeps" / name / "results.parquet")
+
+
+def _torch_style_disk_full(f):
+    """What torch.save does on a full disk: the OSError of the write underneath, re-raised as
+    RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")."""
+    try:
+        raise OSError(errno.ENOSPC, "No space left on device")
+    except OSError:
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598") from None
+
+
+def test_kinds_of_failure(tmp_path):
+    from trainer.loop import TrialDiverged
+
+    path = tmp_path / "trials" / "abc" / "checkpoint.pt"
+    with pytest.raises(OSError) as full:
+        atomic_write(path, _torch_style_disk_full)
+    kind, reason = failures.classify(full.value)
+    assert kind == failures.TRANSIENT and reason.startswith(f"no space left on device: {path}")
+    assert "inline_container" not in reason and list(path.parent.iterdir()) == []  # no temp file left
+
+    import wandb.errors
+
+    assert failures.classify(wandb.errors.CommError("connection refused"))[0] == failures.TRANSIENT
+    assert failures.classify(TrialDiverged("diverged at step 3: loss=nan")) == (
+        failures.PERMANENT, "TrialDiverged: diverged at step 3: loss=nan")
+    assert failures.classify(ValueError("n_heads must divide d_model"))[0] == failures.PERMANENT
+    assert failures.recorded_kind(None, {"fail_reason": failures.WORKER_CRASHED}) == failures.TRANSIENT
+    assert failures.recorded_kind({"reason": "x"}, {}) is None  # from before kinds: the trial's own
+    assert failures.retry_on_rerun(None, retry_failed=True) and not failures.retry_on_rerun(None, False)
+
+
+def test_a_divergence_stays_failed_unless_retry_failed(tmp_path, data_cache):
+    first = sweep(tmp_path, data_cache, *DIVERGES, "name=nan")
+    df = table(tmp_path, "nan")
+    assert df["state"].tolist() == ["FAIL"] and "diverged at" in df["fail_reason"][0], first.stderr[-2000:]
+    assert json.loads((tmp_path / "sweeps" / "nan" / df["trial_dir"][0] / "failure.json").read_text())["kind"] == "permanent"
+    again = sweep(tmp_path, data_cache, *DIVERGES, "name=nan")
+    assert "1 trials (1 already done)" in again.stdout, again.stdout + again.stderr[-2000:]
+    forced = sweep(tmp_path, data_cache, *DIVERGES, "name=nan", "hydra.sweeper.retry_failed=true")
+    assert "1 trials (0 already done)" in forced.stdout, forced.stdout + forced.stderr[-2000:]
+    assert table(tmp_path, "nan")["state"].tolist() == ["FAIL"]
+    assert "running again after: TrialDiverged" in (tmp_path / "sweeps" / "nan" / df["trial_dir"][0] / "trial.log").read_text()
+
+
+def test_a_bad_wandb_key_fails_the_trial_and_the_rerun_with_it_fixed_completes_it(tmp_path, data_cache):
+    # wandb.mode=auto with a key is online; the "server" refuses connections, as with no network.
+    broken = {"WANDB_API_KEY": "x" * 40, "WANDB_BASE_URL": "http://127.0.0.1:9", "WANDB_INIT_TIMEOUT": "5"}
+    sweep(tmp_path, data_cache, "init.gamma=0.5", "wandb.mode=auto", "name=wb", env=broken)
+    df = table(tmp_path, "wb")
+    assert df["state"].tolist() == ["FAIL"] and df["fail_reason"][0].startswith("W&B failed (CommError"), df["fail_reason"][0]
+    fixed = sweep(tmp_path, data_cache, "init.gamma=0.5", "wandb.mode=auto", "name=wb")  # no key: offline
+    assert fixed.returncode == 0 and "1 trials (0 already done)" in fixed.stdout, fixed.stderr[-3000:]
+    df = table(tmp_path, "wb")
+    assert df["state"].tolist() == ["COMPLETE"] and df["fail_reason"].isna().all()
+    assert not (tmp_path / "sweeps" / "wb" / df["trial_dir"][0] / "failure.json").exists()
+
+
+def _mount_tmpfs(path, size: str) -> bool:
+    path.mkdir(parents=True)
+    if shutil.which("mount") is None:
+        return False
+    return subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                          capture_output=True).returncode == 0
+
+
+def test_a_full_disk_names_the_file_and_the_rerun_after_freeing_space_completes_the_trial(tmp_path, data_cache,
+                                                                                         trial_config):
+    args = ["init.gamma=0.5", "train.probe_every=0", "wandb.mode=disabled", "name=full"]
+    folder = tmp_path / "sweeps" / "full" / "trials" / trial_config(*args[:2]).identity()
+    # 1 MB holds the trial's JSON and logs, not its ~11 MB checkpoint.
+    if not _mount_tmpfs(folder, "1m"):
+        pytest.skip("mounting a small tmpfs needs root")
+    try:
+        sweep(tmp_path, data_cache, *args)
+        df = table(tmp_path, "full")
+        assert df["state"].tolist() == ["FAIL"] and df["trial_dir"][0] == f"trials/{folder.name}"
+        assert df["fail_reason"][0].startswith(f"no space left on device: {folder / 'checkpoint.pt'}")
+        subprocess.run(["mount", "-o", "remount,size=64m", str(folder)], check=True)  # space freed
+        again = sweep(tmp_path, data_cache, *args)
+        assert again.returncode == 0 and "1 trials (0 already done)" in again.stdout, again.stderr[-3000:]
+        df = table(tmp_path, "full")
+        assert df["state"].tolist() == ["COMPLETE"] and df["fail_reason"].isna().all()
+    finally:
+        subprocess.run(["umount", "-l", str(folder)])
+
+
+def test_an_unreadable_checkpoint_is_set_aside_and_the_trial_trains_from_scratch(tmp_path, data_cache, trial_config):
+    import torch
+
+    args = ["init.gamma=0.5", "wandb.mode=disabled", "name=trunc"]
+    folder = tmp_path / "sweeps" / "trunc" / "trials" / trial_config(args[0]).identity()
+    folder.mkdir(parents=True)
+    torch.save({"identity": folder.name, "model": torch.zeros(10_000)}, folder / "checkpoint.pt")
+    data = (folder / "checkpoint.pt").read_bytes()
+    (folder / "checkpoint.pt").write_bytes(data[: len(data) // 2])  # cut off, as by a full disk or a copy
+    proc = sweep(tmp_path, data_cache, *args)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert table(tmp_path, "trunc")["state"].tolist() == ["COMPLETE"]
+    aside = list(folder.glob("checkpoint.pt.corrupt-*"))
+    assert len(aside) == 1 and aside[0].read_bytes() == data[: len(data) // 2]  # kept, untouched
+    assert "is unreadable" in (folder / "trial.log").read_text()
+    steps = [json.loads(line)["step"] for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    assert steps[0] == 0 and steps == sorted(set(steps))
+
+
+def test_a_deleted_study_is_rebuilt_from_the_trial_folders(tmp_path, data_cache):
+    grid = ["init.gamma=0.5,1.0", "optim.lr=1e-3,1e12", "optim.grad_clip=null", "optim.warmup_frac=0",
+            "wandb.mode=disabled", "name=lost"]
+    first = sweep(tmp_path, data_cache, *grid)
+    sweep_dir = tmp_path / "sweeps" / "lost"
+    before, table_before = result_mtimes(sweep_dir), table(tmp_path, "lost").set_index("identity")
+    assert len(before) == 2 and (table_before["state"] == "FAIL").sum() == 2, first.stderr[-2000:]
+    (sweep_dir / "optuna.db").unlink()
+    again = sweep(tmp_path, data_cache, *grid)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "recorded 4 ended trials" in again.stdout and "4 trials (4 already done)" in again.stdout
+    assert result_mtimes(sweep_dir) == before  # nothing trained twice
+    after = table(tmp_path, "lost").set_index("identity")
+    assert after["state"].to_dict() == table_before["state"].to_dict()
+    assert after["fail_reason"].fillna("").to_dict() == table_before["fail_reason"].fillna("").to_dict()
+    trials = study_trials(sweep_dir, "lost")
+    assert sorted(t.state.name for t in trials) == ["COMPLETE", "COMPLETE", "FAIL", "FAIL"]
+    assert all(len(t.intermediate_values) >= 2 for t in trials if t.state == optuna.trial.TrialState.COMPLETE)
+
+
+def test_a_corrupt_study_file_is_named_in_one_line(tmp_path, data_cache):
+    db = tmp_path / "sweeps" / "bad" / "optuna.db"
+    db.parent.mkdir(parents=True)
+    db.write_bytes(b"not a database, just bytes " * 100)
+    proc = sweep(tmp_path, data_cache, "init.gamma=0.5", "wandb.mode=disabled", "name=bad")
+    assert proc.returncode != 0
+    lines = proc.stderr.strip().splitlines()
+    assert lines[-1].startswith("error: sweeps/bad/optuna.db is not a readable SQLite study: "), proc.stderr[-2000:]
+    assert lines[-1].endswith("move it aside and rerun to rebuild it from the trial folders")
+    assert "hydra.sweeper.storage" not in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "sweeps" / "bad" / "trials").exists()
