@@ -28,13 +28,19 @@ _received: int | None = None
 _in_tune = False
 
 # Tune's log lines about its own stop: replaced by ours (the resume is a rerun, and the trials
-# it lists as incomplete appear in the closing summary as INTERRUPTED).
-_TUNE_STOP_LINES = ("Stop signal received", "Experiment has been interrupted", "Trials did not complete")
+# it lists as incomplete, or has no metrics for, appear in the closing summary as INTERRUPTED).
+_TUNE_STOP_LINES = {"ray.tune.tune": ("Stop signal received", "Experiment has been interrupted",
+                                      "Trials did not complete"),
+                    "ray.tune.analysis.experiment_analysis": ("Failed to fetch metrics",)}
 
 
 class _HideTuneStopLines(logging.Filter):
+    def __init__(self, starts: tuple[str, ...]):
+        super().__init__()
+        self.starts = starts
+
     def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith(_TUNE_STOP_LINES)
+        return _received is None or not str(record.msg).startswith(self.starts)
 
 
 def install() -> None:
@@ -43,9 +49,10 @@ def install() -> None:
     if threading.current_thread() is not threading.main_thread():
         return
     os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"
-    tune_log = logging.getLogger("ray.tune.tune")
-    if not any(isinstance(f, _HideTuneStopLines) for f in tune_log.filters):
-        tune_log.addFilter(_HideTuneStopLines())
+    for name, starts in _TUNE_STOP_LINES.items():
+        tune_log = logging.getLogger(name)
+        if not any(isinstance(f, _HideTuneStopLines) for f in tune_log.filters):
+            tune_log.addFilter(_HideTuneStopLines(starts))
     signal.signal(signal.SIGINT, _on_signal)
     signal.signal(signal.SIGTERM, _on_signal)
 
