@@ -76,7 +76,7 @@ def cli() -> None:
             print(e.code, file=sys.stderr)
         status = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     except KeyboardInterrupt:  # a stop signal outside Tune's loop: the driver unwound (Ray stopped)
-        print(f"stopped by {stop.signal_name()}; rerun the same command to go on", file=sys.stderr)
+        print(f"stopped by {stop.signal_name()}", file=sys.stderr)
         status = 1
     # Everything is written by now (results, study, checkpoints, W&B files). Run the exit hooks
     # (logging, Ray) and skip the interpreter's teardown, which after a Ray driver spends
