@@ -173,13 +173,14 @@ def test_a_request_no_node_of_a_cluster_has_is_refused_before_any_trial(tmp_path
     from ray.cluster_utils import Cluster
 
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    address = cluster.address
     try:
-        proc = run_cli(["-m", *TINY_SWEEP, "init.gamma=0.5", f"ray.address={cluster.address}", "ray.cpus_per_trial=2",
+        proc = run_cli(["-m", *TINY_SWEEP, "init.gamma=0.5", f"ray.address={address}", "ray.cpus_per_trial=2",
                         "name=remote"], cwd=tmp_path, env={"SMALLINIT_CACHE": str(data_cache)}, timeout=300)
     finally:
         cluster.shutdown()
     assert proc.returncode == 1
-    assert f"ray.cpus_per_trial=2 is invalid: no node of the Ray cluster at {cluster.address} has 2 CPUs" in proc.stderr
+    assert f"ray.cpus_per_trial=2 is invalid: no node of the Ray cluster at {address} has 2 CPUs" in proc.stderr
     assert "1 CPUs + 0 GPUs" in proc.stderr.strip().splitlines()[-1]
     assert not any((tmp_path / "sweeps" / "remote").glob("trials/*/trial.json"))  # no trial started
 
