@@ -187,6 +187,23 @@ def test_a_request_no_node_of_a_cluster_has_is_refused_before_any_trial(tmp_path
 
 # ---- 7. names and folders ----
 
+NAMES = [("gpu_gamma_scan", True), ("lr=1e-3,wd=0.1+gate", True), ("v1.2-b", True), (2024, True), ("n" * 100, True),
+         ("n" * 101, False), ("", False), (".", False), ("..", False), (".hidden", False), ("a/b", False),
+         ("exp:1#a?b", False), ("a b", False), ("x\n", False), ("café", False), (True, False), (None, False)]
+
+
+@pytest.mark.parametrize("name, ok", NAMES, ids=[repr(n)[:20] for n, _ in NAMES])
+def test_name_is_one_safe_folder_name(name, ok):
+    from core.errors import ConfigError
+    from sweeper.precheck import check_name
+
+    if ok:
+        check_name(name)
+    else:
+        with pytest.raises(ConfigError, match=r"^name=.* is invalid: must be one folder name: 1-100 letters"):
+            check_name(name)
+
+
 BAD_NAMES = ["../../x", "exp:1#a?b", "n" * 300, ".hidden", "a/b"]
 
 
