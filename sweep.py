@@ -67,16 +67,29 @@ def cli() -> None:
             return
     except ConfigError as e:
         sys.exit(f"error: {e}")
-    main()
+    from sweeper import stop
+
+    stop.install()
+    try:
+        main()
+        status = 0
+    except SystemExit as e:  # a refusal, an aborted sweep or failed trials: `error: ...` and 1
+        if isinstance(e.code, str):
+            print(e.code, file=sys.stderr)
+        status = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except KeyboardInterrupt:  # a stop signal outside Tune's loop: the driver unwound (Ray stopped)
+        print(f"stopped by {stop.signal_name()}", file=sys.stderr)
+        status = 1
     # Everything is written by now (results, study, checkpoints, W&B files). Run the exit hooks
     # (logging, Ray) and skip the interpreter's teardown, which after a Ray driver spends
-    # ~0.6 s in destructors (measured by bench/sweep_bench.py's timeline).
+    # ~0.6 s in destructors (measured by bench/sweep_bench.py's timeline); every ending goes
+    # this way, so the status is set here rather than by an exception reaching the interpreter.
     import atexit
 
     atexit._run_exitfuncs()
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)
+    os._exit(stop.exit_status(status))
 
 
 if __name__ == "__main__":

@@ -23,13 +23,18 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from core.errors import ConfigError
+from core.results_schema import results_path
 from trainer.data_check import check_trials
 
+from . import resources, stop
 from .cluster import check_reachable, connect_ray, stop_ray
 from .compose import Composer, validate_sweep
 from .config import SmallinitSweeperConf, check_sweeper_conf
+from .lock import hold_driver_lock
 from .plan import plan_sweep
+from .precheck import check_name
 from .space import parse_sweep
+from .summary import failed_run_message
 from .tuner import import_tune, run_trials
 
 
@@ -44,31 +49,40 @@ def _run(conf: SmallinitSweeperConf, loader, base: DictConfig, arguments: list[s
     from .results import write_results
 
     check_sweeper_conf(conf)
+    check_name(base.get("name"))  # precheck did too, unless a Hydra flag made it step aside
     _quiet_libraries()
+    ray_cfg = OmegaConf.to_container(base.get("ray", {}), resolve=True) or {}
+    resources.check_local(ray_cfg)
     space = parse_sweep(arguments, dict(conf.params) if conf.params else None)
     sweep_dir = Path(base.hydra.sweep.dir).resolve()
     composer = Composer(loader, base, space, sweep_dir)
     grid_specs, checked = validate_sweep(composer)
-    check_trials([spec.trial for spec in checked])
-    ray_cfg = OmegaConf.to_container(base.get("ray", {}), resolve=True) or {}
+    check_trials([spec.trial for spec in checked])  # every corpus read and checked before the first write
     if ray_cfg.get("address"):
         check_reachable(ray_cfg["address"])
+    hold_driver_lock(sweep_dir)  # one driver per folder, from its first write to its exit
     plan = plan_sweep(conf, composer, grid_specs, checked, str(base.get("name", "sweep")))
     print(plan.summary(), flush=True)
-    aborted = None
+    outcome = None
     if plan.has_work:  # a rerun of a finished sweep needs no cluster
         # Ray's start (~4 s, mostly waiting for its processes) overlaps Tune's imports (~1 s).
         ready = _Background(import_tune)
         started = connect_ray(ray_cfg)
+        stop.install()  # ray.init set its own SIGTERM handler
         try:
+            resources.check_cluster(ray_cfg)
             ready.result()
-            aborted = run_trials(conf, ray_cfg, plan)
+            outcome = run_trials(conf, ray_cfg, plan)
         finally:
             if started:
                 stop_ray()
     df = write_results(sweep_dir, plan.study)
-    if aborted:
-        sys.exit(f"error: {aborted}")
+    if stop.received() is not None:
+        print(f"stopped by {stop.signal_name()}; rerun the same command to resume", file=sys.stderr)
+    elif outcome and outcome.aborted:
+        sys.exit(f"error: {outcome.aborted}")
+    elif outcome and outcome.failed:
+        sys.exit(f"error: {failed_run_message(outcome.failed, outcome.ended, results_path(sweep_dir))}")
     return df.to_dict("records")
 
 

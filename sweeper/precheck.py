@@ -8,6 +8,7 @@ the value and what is allowed. Value checks (gamma > 0, ...) stay with the typed
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
@@ -16,11 +17,23 @@ from hydra.core.override_parser.types import IntervalSweep
 from hydra.errors import HydraException, MissingConfigException, OverrideParseException
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
 
-from core.errors import ConfigError, first_line
+from core.errors import ConfigError, first_line, require
 
 # Flags that take a value or change what is composed: leave those command lines to Hydra.
 _HYDRA_FLAGS = ("-cn", "--config-name", "-cp", "--config-path", "-cd", "--config-dir", "--info", "-i",
                 "--cfg", "-c", "--help", "-h", "--hydra-help", "--shell-completion", "-sc", "--experimental-rerun")
+
+
+# `name` names the sweep folder (sweeps/<name>), the study and the W&B group: one folder name,
+# so it can neither leave sweeps/ (../x) nor mean another thing to SQLite's URL or W&B (:#?).
+NAME_MAX = 100
+_NAME = re.compile(rf"[A-Za-z0-9_=,+-][A-Za-z0-9._=,+-]{{0,{NAME_MAX - 1}}}")
+
+
+def check_name(name: object) -> None:
+    text = str(name) if isinstance(name, int | float) and not isinstance(name, bool) else name  # name=2024
+    require(isinstance(text, str) and _NAME.fullmatch(text) is not None, "name", name,
+            f"must be one folder name: 1-{NAME_MAX} letters, digits and - _ . = , + (not starting with .)")
 
 
 GRAMMAR = "expected key=value, key=a,b,c, range(start,stop[,step]), interval(low,high) or tag(log,interval(low,high))"
@@ -87,6 +100,7 @@ def precheck(argv: list[str], conf_dir: Path, config_name: str = "config") -> No
     stand_ins = [_stand_in(line, parser) for line in lines]
     try:
         with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
-            compose(config_name, overrides=stand_ins)
+            cfg = compose(config_name, overrides=stand_ins)
     except (HydraException, ConfigKeyError) as e:
         raise ConfigError(_one_line(e, lines)) from None
+    check_name(cfg.get("name"))

@@ -13,9 +13,10 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from core import results_schema as schema
-from core.errors import first_line
 from core.files import atomic_write
 from core.trial_dir import TrialDir
+
+from . import summary
 
 if TYPE_CHECKING:
     from .study import Study
@@ -123,14 +124,9 @@ def write_results(sweep_dir: Path, study: Study) -> pd.DataFrame:
     }
     df = build_table(sweep_dir, states)
     path = write_table(sweep_dir, df)
-    counts = df[schema.STATE].value_counts().to_dict() if not df.empty else {}
-    print(f"results: {path} ({', '.join(f'{v} {k.lower()}' for k, v in counts.items()) or 'no trials'})")
-    for _, row in (df[df[schema.STATE] == schema.FAIL].iterrows() if not df.empty else ()):
-        folder = TrialDir(schema.to_local_path(row["trial_dir"], sweep_dir) or "")
-        params = " ".join(f"{c.removeprefix(schema.PARAM_PREFIX)}={row[c]}" for c in df.columns
-                          if c.startswith(schema.PARAM_PREFIX))
-        print(f"failed: trial {row[schema.TRIAL_NUMBER]} {params}: {first_line(row[schema.FAIL_REASON] or 'no reason recorded')}"
-              f"\n        full log: {folder.log if folder.log.exists() else folder.failure_json}")
+    print(f"results: {path} ({summary.state_counts(df)})")
+    for line in summary.failure_lines(df, sweep_dir):
+        print(line)
     done = df[df[schema.STATE] == schema.COMPLETE].dropna(subset=[schema.FINAL_VAL_LOSS]) if not df.empty else df
     if not done.empty:
         best = done.loc[done[schema.FINAL_VAL_LOSS].idxmin()]

@@ -16,7 +16,12 @@ from pathlib import Path
 from typing import Any
 
 import optuna
-from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
+from optuna.distributions import (
+    BaseDistribution,
+    CategoricalDistribution,
+    FloatDistribution,
+    IntDistribution,
+)
 from optuna.trial import TrialState
 
 from core.trial_dir import TrialDir

@@ -4,8 +4,10 @@ which trial runs next, ASHA may stop it early, ProgressTable draws the terminal.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import Any
 
+from . import stop
 from .cluster import trial_resources
 from .config import SmallinitSweeperConf
 from .plan import SweepPlan
@@ -22,8 +24,15 @@ def import_tune() -> None:
     from . import progress, searcher  # noqa: F401
 
 
-def run_trials(conf: SmallinitSweeperConf, ray_cfg: dict[str, Any], plan: SweepPlan) -> str | None:
-    """Run the plan's trials on the connected Ray; the reason the sweep was aborted, if it was."""
+@dataclass
+class TuneOutcome:
+    aborted: str | None  # why the sweep was stopped early (hydra.sweeper.max_failure_rate)
+    failed: int  # trials of this run recorded as FAIL
+    ended: int  # trials of this run that ended (COMPLETE, PRUNED or FAIL)
+
+
+def run_trials(conf: SmallinitSweeperConf, ray_cfg: dict[str, Any], plan: SweepPlan) -> TuneOutcome:
+    """Run the plan's trials on the connected Ray."""
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # our ProgressTable is the display
     # A failed trial's last report has no val_loss; it is still a result we want recorded.
     os.environ.setdefault("TUNE_DISABLE_STRICT_METRIC_CHECKING", "1")
@@ -64,10 +73,11 @@ def run_trials(conf: SmallinitSweeperConf, ray_cfg: dict[str, Any], plan: SweepP
                                   stop=AbortStopper(), failure_config=tune.FailureConfig(max_failures=conf.max_retries)),
     )
     try:
-        tuner.fit()
+        with stop.tune_takes_stops():
+            tuner.fit()
     finally:
         progress.close()
-    return searcher.aborted
+    return TuneOutcome(searcher.aborted, searcher.counts["failed"], sum(searcher.counts.values()))
 
 
 def _scheduler(conf: SmallinitSweeperConf, plan: SweepPlan):

@@ -152,7 +152,8 @@ def test_optuna_search_with_asha_prunes_and_reports_a_best_gamma(tmp_path, data_
 def test_a_failing_trial_is_recorded_and_the_others_finish(tmp_path, data_cache):
     proc = sweep(tmp_path, data_cache, "optim.lr=1e-3,1e12", "optim.grad_clip=null", "optim.warmup_frac=0",
                  "train.max_tokens=4096", "wandb.mode=disabled", "name=fails")
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.returncode == 1, proc.stderr[-3000:]  # the others finished, and the status says one did not
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: 1 of 2 trials of this run failed")
     df = pd.read_parquet(tmp_path / "sweeps" / "fails" / "results.parquet").set_index("param.optim.lr")
     assert df.loc[1e-3, "state"] == "COMPLETE"
     assert df.loc[1e12, "state"] == "FAIL" and "diverged at step" in df.loc[1e12, "fail_reason"]
@@ -161,7 +162,8 @@ def test_a_failing_trial_is_recorded_and_the_others_finish(tmp_path, data_cache)
     assert "diverged at step" in trials[1e12].user_attrs["fail_reason"]
     # The reason reaches the screen, with the trial's own log (its output and the traceback).
     log = tmp_path / "sweeps" / "fails" / df.loc[1e12, "trial_dir"] / "trial.log"
-    assert f"full log: {log}" in proc.stdout and "diverged at step" in proc.stdout.split("failed: trial")[1]
+    reason, trial = proc.stdout.split("failed (1 trial): ")[1].splitlines()[:2]
+    assert "diverged at step" in reason and trial.startswith("    trial ") and trial.endswith(f"full log: {log}")
     assert "TrialDiverged" in log.read_text() and "dtype:" in log.read_text()
     assert "dtype:" in (tmp_path / "sweeps" / "fails" / df.loc[1e-3, "trial_dir"] / "trial.log").read_text()
 
