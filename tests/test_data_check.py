@@ -75,7 +75,7 @@ def _bad_inputs(root):
         "wrong_dtype": ([*tokens, f"data.paths=[{root / 'wide.bin'}]"], "error: data.dtype='uint16' is invalid"),
         "ids_beyond_vocab": ([*tokens, f"data.paths=[{root / 'big_ids.bin'}]"], "error: data.vocab_size=500 is invalid"),
         "too_short": ([*tokens, f"data.paths=[{root / 'short.bin'}]"], "error: data.paths="),
-        "gpu_form_on_the_bundled_corpus": (["+experiment=gpu/gamma_scan"], "error: train.max_epochs=4 is invalid"),
+        "gpu_form_on_the_bundled_corpus": (["+experiment=gpu/gamma_scan", "ray.cpus_per_trial=1", "ray.gpus_per_trial=0"], "error: train.max_epochs=4 is invalid"),
     }
 
 

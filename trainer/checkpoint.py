@@ -13,7 +13,6 @@ if TYPE_CHECKING:  # torch is imported where a checkpoint is written: the sweep 
 from core.errors import first_line
 from core.files import atomic_write
 
-
 # Errors that say the machine is at fault, not the file: the checkpoint is left in place.
 _NOT_THE_FILE = (errno.EACCES, errno.EPERM, errno.ENOMEM, errno.EMFILE, errno.ENFILE)
 
