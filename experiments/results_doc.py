@@ -33,7 +33,7 @@ FIGURES = {
     "gate": ("loss_vs_lr", "gap_over_training", "attention_sink"),
     "scaling": ("effective_size", "loss_curves", "token_gain"),
     "moe": ("loss_vs_lr", "gap_over_training", "loss_curves"),
-    "anchor": ("anchor_phase",),
+    "anchor": ("anchor_phase", "loss_vs_lr"),
 }
 FIGURE_WIDTH = 900  # pixels: readable on a page, small in the repository
 HEADER = """# Results: the paper's experiments at CPU scale

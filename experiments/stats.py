@@ -267,7 +267,10 @@ def verdict(comparisons: list[Comparison], want: str, unit: str = "nats") -> tup
         why.append(f"{len(unchecked)} whose last-quarter ranking was not checked")
     if nulls:
         x = max(c.excluded for c in nulls)
-        why.append(f"{len(nulls)} within the seed spread (n = {min(c.n for c in nulls)}-{max(c.n for c in nulls)} pairs): "
+        lo, hi = min(c.n for c in nulls), max(c.n for c in nulls)
+        pairs = f"{lo}" if lo == hi else f"{lo}-{hi}"
+        what = "comparison" if len(nulls) == 1 else "comparisons"
+        why.append(f"{len(nulls)} {what} within the seed spread ({pairs} pairs): "
                    f"|effect| > {x:.3g} {unit} excluded".replace("  ", " "))
     return INCONCLUSIVE, "; ".join(why) or "not every difference is real"
 
