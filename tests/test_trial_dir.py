@@ -177,7 +177,7 @@ PARQUET_TYPES = {
     "param.init.gamma": "double", "param.seed": "int64", "model": "string", "n_params": "double",
     "d_model": "int64", "n_layers": "int64", "gamma": "double", "init_seed": "int64", "eps": "double",
     "norm": "string", "gate": "string", "ffn": "string", "task": "string", "train_seed": "int64", "lr": "double",
-    "weight_decay": "double", "dtype": "string", "tokens": "double", "final_val_loss": "double",
+    "weight_decay": "double", "dtype": "string", "tokens": "double", "corpus_tokens": "null", "final_val_loss": "double",
     "best_val_loss": "double", "unigram_entropy": "double", "wall_s": "double", "tokens_per_s": "double",
     "mfu": "null", "node_id": "string", "attempts": "int64", "trial_dir": "string", "metrics_path": "string",
     "per_token_losses_path": "string", "probes_dir": "string", "attn_sink": "double", "stable_rank": "double",
