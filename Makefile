@@ -51,12 +51,16 @@ test-full: install ## Run every test, slow ones included
 report: install ## Build the HTML report of the newest sweep (or SWEEP=dir[,dir...])
 	$(PY) -m experiments.report $(if $(SWEEP),--sweep $(SWEEP),) $(ARGS)
 
-# The CPU forms of the paper's studies (conf/experiment/); a rerun skips finished trials.
+# The CPU forms of the paper's studies (conf/experiment/), each with the command(s) its record names
+# (docs/results/<exp>/command.txt, else the experiment alone); a rerun skips finished trials.
 EXPERIMENTS ?= width_trend gamma_scan eps_fix gate scaling moe anchor
 
 experiments: install ## Run every CPU experiment, report each, rewrite docs/results.md (~4 h on 2 cores)
 	set -e; for e in $(EXPERIMENTS); do \
-	  $(PY) sweep.py -m +experiment=$$e $(ARGS); \
+	  cmds=docs/results/$$e/command.txt; \
+	  if [ -f $$cmds ]; then \
+	    while read -r c; do [ -z "$$c" ] || $(PY) $${c#python } $(ARGS) < /dev/null; done < $$cmds; \
+	  else $(PY) sweep.py -m +experiment=$$e $(ARGS); fi; \
 	  $(PY) -m experiments.report --sweep sweeps/$$e; \
 	done
 	$(PY) -m experiments.results_doc --collect
