@@ -121,6 +121,7 @@ def _text_folder(root):
     return folder, docs
 
 
+@pytest.mark.slow  # ~60 s: tokenizer training and a trial; `make test-full`
 def test_the_shard_recipe_goes_from_text_to_a_trained_trial(tmp_path, data_cache):
     out = tmp_path / "shards"
     folder, docs = _text_folder(tmp_path)

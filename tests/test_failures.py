@@ -54,6 +54,7 @@ def test_kinds_of_failure(tmp_path):
     assert failures.retry_on_rerun(None, retry_failed=True) and not failures.retry_on_rerun(None, False)
 
 
+@pytest.mark.slow  # ~35 s of real trials; `make test-full`
 def test_a_divergence_stays_failed_unless_retry_failed(tmp_path, data_cache):
     first = sweep(tmp_path, data_cache, *DIVERGES, "name=nan")
     df = table(tmp_path, "nan")
@@ -88,6 +89,7 @@ def _mount_tmpfs(path, size: str) -> bool:
                           capture_output=True).returncode == 0
 
 
+@pytest.mark.slow  # ~35 s of real trials; `make test-full`
 def test_a_full_disk_names_the_file_and_the_rerun_after_freeing_space_completes_the_trial(tmp_path, data_cache,
                                                                                          trial_config):
     args = ["init.gamma=0.5", "train.probe_every=0", "wandb.mode=disabled", "name=full"]
