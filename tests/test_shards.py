@@ -99,3 +99,15 @@ def test_token_ids_and_dtype_are_checked_against_the_vocabulary(tmp_path):
     shards.write_shard(tmp_path / "h" / "x.bin", _tokens(10))
     with pytest.raises(ConfigError, match="data.dtype='uint32' is invalid: .*headered shard of uint16"):
         _cfg(tmp_path, tmp_path / "h", dtype="uint32")
+
+
+def test_a_header_with_another_magic_is_named_not_read_as_tokens(tmp_path):
+    path = tmp_path / "train_000.bin"
+    header = np.zeros(shards.HEADER_INTS, dtype="<i4")
+    header[:3] = 20240801, 7, 1000  # llm.c's llama-3 shards: another magic, uint32 tokens
+    path.write_bytes(header.tobytes() + np.arange(1000, dtype="<u4").tobytes())
+    with pytest.raises(ConfigError, match="shard header with magic 20240801"):
+        shards.inspect(path, "uint16")
+    flat = tmp_path / "flat.bin"  # a flat file is still read as tokens
+    flat.write_bytes(np.arange(5000, dtype="<u2").tobytes())
+    assert shards.inspect(flat, "uint16").stop == 5000

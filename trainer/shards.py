@@ -64,6 +64,10 @@ def inspect(path: Path, dtype: str) -> Part:
         if dtype != HEADERED_DTYPE:
             raise ConfigError(f"data.dtype={dtype!r} is invalid: {path} is a headered shard of uint16 tokens")
         return Part(str(path.resolve()), HEADER_BYTES, 0, count)
+    if len(head) == HEADER_INTS and 0 < head[1] < 100 and size - HEADER_BYTES in (2 * int(head[2]), 4 * int(head[2])):
+        # A header whose count matches the file's size, with another magic: not flat tokens.
+        raise ConfigError(f"data.paths: {path} has a shard header with magic {head[0]}: only magic {MAGIC} "
+                          f"(version {VERSION}, uint16 tokens) or flat token files are readable")
     if size == 0 or size % ITEM_BYTES[dtype]:
         raise ConfigError(f"data.paths: {path} is not a non-empty array of {dtype} "
                           f"({size} bytes; set data.dtype to the file's element type)")
