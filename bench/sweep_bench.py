@@ -19,7 +19,8 @@ Where a sweep's time goes is read back from its trial folders: placement.json is
 the Ray worker starts the trial, trial.json when run_trial starts (after W&B's init), result.json
 when run_trial ends. Driver memory: the peak RSS wait4 reports (the driver's; the Ray processes
 it reaps are smaller) and the RSS summed over its process tree (Ray's GCS, raylet and workers),
-sampled from /proc once a second.
+sampled from /proc once a second, with the CPU seconds of each process role and of the trial
+workers' threads (cpu_account.py).
 """
 
 from __future__ import annotations
@@ -31,13 +32,13 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 from core.trial_dir import TrialDir
 
 from .common import REPO, cache_dir, compose_trial, median, prepared_data, progress, spread
+from .cpu_account import TreeSampler
 
 TARGET = {"op": "<=", "value": 1.10}
 
@@ -86,63 +87,6 @@ def pool_run(pool, trials, concurrency: int) -> dict:
 
 # ---- the measured side: the real sweep command ----
 
-class TreeSampler(threading.Thread):
-    """Samples the summed memory of a process and its descendants from /proc until stopped.
-
-    Once a second: the sampler shares the cores with the sweep it measures (a 0.1 s cadence
-    cost ~3% of a core, which the pool runs it is compared with do not pay)."""
-
-    def __init__(self, pid: int, every: float = 1.0):
-        super().__init__(daemon=True)
-        self.pid, self.every = pid, every
-        self.tree_rss_kb = 0
-        self.tree_max = 0
-        self._halt = threading.Event()
-
-    def run(self) -> None:
-        while not self._halt.is_set():
-            pids = _descendants(self.pid)
-            self.tree_max = max(self.tree_max, len(pids))
-            self.tree_rss_kb = max(self.tree_rss_kb, sum(_status(p).get("VmRSS", 0) for p in pids))
-            self._halt.wait(self.every)
-
-    def stop(self) -> None:
-        self._halt.set()
-        self.join()
-
-
-def _status(pid: int) -> dict[str, int]:
-    try:
-        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
-    except OSError:
-        return {}
-    out = {}
-    for line in lines:
-        key, _, value = line.partition(":")
-        if key in ("VmHWM", "VmRSS"):
-            out[key] = int(value.split()[0])
-    return out
-
-
-def _descendants(root: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = Path(entry.path, "stat").read_text()
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        children.setdefault(ppid, []).append(int(entry.name))
-    out, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        out.append(pid)
-        todo += children.get(pid, [])
-    return out
-
-
 def sweep_run(n: int, settings, wandb_mode: str, cache: Path, repo: Path = REPO, grid: tuple[str, ...] | None = None) -> dict:
     """One `sweep.py -m` of n trials: the short-trial gamma grid, or `grid` (n points) on the
     default trials; `repo` lets a patched copy of the code be timed the same way."""
@@ -172,7 +116,10 @@ def sweep_run(n: int, settings, wandb_mode: str, cache: Path, repo: Path = REPO,
             tail = log_path.read_text()[-2000:]
             raise RuntimeError(f"sweep of {n} trials exited {rc} with {len(trials)} results:\n{tail}")
         out = {"wall_s": t_end - t_start, "driver_peak_rss_mb": usage.ru_maxrss / 1024,
-               "tree_peak_rss_mb": sampler.tree_rss_kb / 1024, "tree_max_processes": sampler.tree_max}
+               "tree_peak_rss_mb": sampler.tree_rss_kb / 1024, "tree_max_processes": sampler.tree_max,
+               # Where the CPU went (cpu_account.py): the trials' training threads against
+               # what Ray's daemons, the driver and W&B take from the same cores.
+               "cpu_s_by_role": sampler.cpu.by_role(), "cpu_s_worker_threads": sampler.cpu.worker_threads()}
         out.update(_timeline(trials, t_start, t_end, settings.concurrency))
         return out
     finally:
