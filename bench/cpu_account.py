@@ -51,7 +51,7 @@ def _ticks(stat: str) -> tuple[str, int]:
     return name, int(fields[11]) + int(fields[12])
 
 
-def _parents() -> dict[int, list[int]]:
+def _children() -> dict[int, list[int]]:
     children: dict[int, list[int]] = defaultdict(list)
     for entry in os.scandir("/proc"):
         if entry.name.isdigit():
@@ -64,7 +64,7 @@ def _parents() -> dict[int, list[int]]:
 
 
 def descendants(root: int) -> list[int]:
-    children, out, todo = _parents(), [], [root]
+    children, out, todo = _children(), [], [root]
     while todo:
         pid = todo.pop()
         out.append(pid)
@@ -103,7 +103,6 @@ class CpuAccount:
                 key = (pid, int(tid))
                 if ticks >= self.ticks.get(key, 0):
                     self.ticks[key] = ticks
-                    # The main thread is named after the process (Ray renames it ray::...).
                     self.thread_names[key] = "main" if int(tid) == pid else name
 
     def by_role(self) -> dict[str, float]:
@@ -113,8 +112,9 @@ class CpuAccount:
         return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
     def worker_threads(self) -> dict[str, float]:
-        """Trial workers' CPU seconds by thread name: the main thread does the training; the
-        rest is what Ray's core worker, W&B's client and torch add inside the trial's process."""
+        """Trial workers' CPU seconds by thread name. Tune trains in a thread of its own, which
+        inherits the worker's name (ray::...), as do W&B's Python threads; "main" is the
+        worker's main thread, which waits for results; the rest are Ray's core-worker threads."""
         out: dict[str, float] = defaultdict(float)
         for key, ticks in self.ticks.items():
             if self.roles.get(key[0]) == "trial workers":
