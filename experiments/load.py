@@ -38,12 +38,15 @@ SEED_COLS = ("init_seed", "train_seed")
 BASE_SETTING_COLS = ("eps", "gate", "norm")
 # Part of a setting only where they vary within the sweep. The optimiser's lr and weight decay
 # are not: they are tuned per setting (experiments/tuning.py), the init is what is compared.
-EXTRA_SETTING_COLS = ("ffn", "task", "tokens")
+# dtype (what train.dtype=auto resolved to) varies where a cluster mixes CPUs with and without
+# native bf16: a bf16 trial follows its own trajectory, so trials are compared within a dtype.
+EXTRA_SETTING_COLS = ("ffn", "task", "tokens", "dtype")
 # Swept keys already represented by a resolved column (or by size, gamma, seeds): `seed` sets
 # init.seed and train.seed together, `arm` sets gamma, eps and gate together.
 KNOWN_PARAMS = {
     "init.gamma", "seed", "arm", "init.seed", "train.seed", "norm.eps", "norm", "norm.type", "attn", "attn.gate",
     "model", "model.d_model", "model.n_layers", "optim.lr", "optim.weight_decay", "train.max_tokens", "ffn", "ffn.type",
+    "train.dtype",
 }
 LOSS = schema.FINAL_VAL_LOSS
 

@@ -20,6 +20,7 @@ EXPECTED = {
     "moe": (18, {"micro-moe"}),
     "anchor": (36, {"nano"}),
     "width_trend": (72, {"micro"}),
+    "bf16_check": (6, {"micro"}),
     "gpu/gamma_scan": (10, {"0.1b"}),
     "gpu/eps_fix": (4, {"0.5b"}),
     "gpu/gate": (6, {"0.1b"}),
@@ -98,7 +99,7 @@ def test_width_trend_scales_width_at_fixed_depth_and_head_size(data_cache):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("experiment", [e for e in EXPECTED if not e.startswith("gpu/")])
+@pytest.mark.parametrize("experiment", [e for e in EXPECTED if not e.startswith("gpu/") and e != "bf16_check"])
 def test_cpu_form_runs_end_to_end_at_a_reduced_budget(experiment, tmp_path, data_cache):
     import pandas as pd
 
@@ -122,3 +123,26 @@ def test_cpu_form_runs_end_to_end_at_a_reduced_budget(experiment, tmp_path, data
     assert summary["scale"]["complete"] == len(df)
     if experiment == "anchor":
         assert summary["anchor"] and summary["claims"][0]["claim"].startswith("Small init infers")
+
+
+def test_bf16_check_runs_and_reads_the_paired_gap(tmp_path, data_cache):
+    """The precision check as a user runs it, on tiny trials: a sweep over train.dtype, then
+    `python -m experiments.dtype_check` on its folder (on a CPU without native bf16 the bf16
+    trials are emulated, which these 2-step nano trials afford)."""
+    import json
+
+    from experiments import dtype_check
+
+    from .conftest import run_cli
+
+    proc = run_cli(["-m", "+experiment=bf16_check", "seed=0,1", "model=nano", "train.max_steps=2", "train.eval_every=2",
+                    "train.batch_size=4", "train.seq_len=32", "train.eval_tokens=256", "train.per_token_eval_tokens=128",
+                    "train.probe_every=2", "ray.num_cpus=2", "wandb.mode=disabled"],
+                   cwd=tmp_path, env={"SMALLINIT_CACHE": str(data_cache)}, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = tmp_path / "gap.json"
+    rc = dtype_check.main([str(tmp_path / "sweeps" / "bf16_check"), "--json", str(out)])
+    got = json.loads(out.read_text())
+    assert got["pairs"] == 2 and len(got["loss_fp32"]) == len(got["loss_bf16"]) == 2
+    assert got["gap"] == pytest.approx(sum(b - f for b, f in zip(got["loss_bf16"], got["loss_fp32"])) / 2)
+    assert rc == (0 if got["inside_spread"] else 1)

@@ -70,6 +70,21 @@ def test_each_setting_is_compared_at_its_own_best_lr(tmp_path):
     assert n["diff"] == pytest.approx(-0.10, abs=5e-3) and n["verdict"] == "supported"
 
 
+def test_trials_that_ran_in_different_dtypes_are_never_paired(tmp_path):
+    """A cluster that mixes CPUs with and without native bf16 runs some trials of one grid in
+    bf16 (train.dtype=auto): dtype becomes part of the setting, so no comparison mixes them."""
+    rows = [_row(identity=f"{g}-{s}", gamma=g, lr=3e-3, init_seed=s, train_seed=s, dtype="bf16" if s >= 2 else "fp32",
+                 final_val_loss=5.0 + 0.1 * g + 0.01 * s)
+            for g in (0.5, 1.0) for s in range(4)]
+    sweep = load([_write(tmp_path, "mixed", rows)])
+    assert "dtype" in sweep.setting_cols
+    curves = sweep.complete.groupby("gamma_curve")["dtype"].agg(set)
+    assert len(curves) == 2 and all(len(v) == 1 for v in curves)
+    # One dtype throughout: not a setting, labels unchanged.
+    same = load([_write(tmp_path, "same", [{**r, "dtype": "fp32"} for r in rows])])
+    assert "dtype" not in same.setting_cols
+
+
 def test_report_names_the_chosen_lr_and_flags_the_edge(tmp_path):
     out = build([lr_sweep(tmp_path)], tmp_path / "reports", widths=(64, 128), n_boot=20, log=lambda _: None)
     s = json.loads((out / "summary.json").read_text())

@@ -1,0 +1,56 @@
+"""experiments/dtype_check.py: the bf16-against-fp32 gap, paired by seed, against the seed spread."""
+
+import pandas as pd
+import pytest
+
+from experiments.dtype_check import dtype_gap
+from experiments.load import ReportError
+
+
+def frame(fp32, bf16, seeds=(0, 1, 2), bf16_seeds=None):
+    rows = [{"dtype": "fp32", "init_seed": s, "train_seed": s, "final_val_loss": v, "tokens_per_s": 1000.0}
+            for s, v in zip(seeds, fp32)]
+    rows += [{"dtype": "bf16", "init_seed": s, "train_seed": s, "final_val_loss": v, "tokens_per_s": 2500.0}
+             for s, v in zip(bf16_seeds or seeds, bf16)]
+    return pd.DataFrame(rows)
+
+
+def test_gap_inside_the_seed_spread():
+    g = dtype_gap(frame([4.00, 4.10, 4.20], [4.01, 4.09, 4.22]))
+    assert g.pairs == 3
+    assert g.gap == pytest.approx((0.01 - 0.01 + 0.02) / 3)
+    assert g.seed_sd_fp32 == pytest.approx(0.1)
+    assert g.gap_lo < g.gap < g.gap_hi
+    assert g.inside_spread
+    assert g.tokens_per_s_bf16 / g.tokens_per_s_fp32 == pytest.approx(2.5)
+    assert g.lines()[-1].startswith("verdict: bf16 sits inside the seed spread (the data allows a bias up to")
+
+
+def test_a_real_gap_is_named():
+    g = dtype_gap(frame([4.00, 4.01, 4.02], [4.10, 4.12, 4.11]))
+    assert g.gap == pytest.approx(0.1)
+    assert not g.inside_spread
+    assert g.verdict == "bf16 changes the loss (higher by 0.1000 nats)"
+
+
+def test_a_null_wider_than_the_seed_spread_is_inconclusive():
+    # One pair far off, the others close: the interval holds 0, the mean gap exceeds the fp32 sd.
+    g = dtype_gap(frame([4.000, 4.010, 4.005], [4.060, 3.990, 4.012]))
+    assert g.gap_lo < 0 < g.gap_hi
+    assert abs(g.gap) > g.seed_sd_fp32
+    assert not g.inside_spread
+    assert g.verdict.startswith("inconclusive: no bias shown")
+    assert f"{max(abs(g.gap_lo), abs(g.gap_hi)):.4f}" in g.verdict
+
+
+def test_one_pair_decides_nothing():
+    g = dtype_gap(frame([4.0], [4.0], seeds=(0,)))
+    assert g.pairs == 1 and not g.inside_spread
+    assert "one seed pair" in g.lines()[-1]
+
+
+def test_a_missing_dtype_or_no_shared_seed_is_named():
+    with pytest.raises(ReportError, match="no COMPLETE trial computed in bf16"):
+        dtype_gap(frame([4.0, 4.1], []))
+    with pytest.raises(ReportError, match="share no seed"):
+        dtype_gap(frame([4.0, 4.1], [4.0, 4.1], bf16_seeds=(5, 6)))
