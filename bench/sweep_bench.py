@@ -17,8 +17,8 @@ pool runs of its trials: the ratio a user of the default command pays.
 
 Where a sweep's time goes is read back from its trial folders: placement.json is written when
 the Ray worker starts the trial, trial.json when run_trial starts (after W&B's init), result.json
-when run_trial ends. Driver memory: the peak RSS wait4 reports (the driver's; the Ray processes
-it reaps are smaller) and the RSS summed over its process tree (Ray's GCS, raylet and workers),
+when run_trial ends. Driver memory: its own peak (VmHWM; wait4's figure also counts the Ray
+processes it reaps, one of which can be larger) and the RSS summed over its process tree (Ray's GCS, raylet and workers),
 sampled from /proc once a second, with the CPU seconds of each process role and of the trial
 workers' threads (cpu_account.py).
 """
@@ -106,7 +106,8 @@ def sweep_run(n: int, settings, wandb_mode: str, cache: Path, repo: Path = REPO,
                                     stdout=log, stderr=subprocess.STDOUT)
             sampler = TreeSampler(proc.pid)
             sampler.start()
-            # The driver's peak memory, exactly, from the kernel's accounting of the child.
+            # wait4's peak RSS is the driver's or that of a Ray process it reaped, whichever is
+            # larger (a Ray daemon, on some machines): the driver's own is its VmHWM.
             _, status, usage = os.wait4(proc.pid, 0)
             t_end = time.time()
             proc.returncode = rc = os.waitstatus_to_exitcode(status)
@@ -115,7 +116,8 @@ def sweep_run(n: int, settings, wandb_mode: str, cache: Path, repo: Path = REPO,
         if rc != 0 or len(trials) != n:
             tail = log_path.read_text()[-2000:]
             raise RuntimeError(f"sweep of {n} trials exited {rc} with {len(trials)} results:\n{tail}")
-        out = {"wall_s": t_end - t_start, "driver_peak_rss_mb": usage.ru_maxrss / 1024,
+        out = {"wall_s": t_end - t_start, "driver_peak_rss_mb": sampler.root_hwm_kb / 1024,
+               "driver_or_reaped_peak_rss_mb": usage.ru_maxrss / 1024,
                "tree_peak_rss_mb": sampler.tree_rss_kb / 1024, "tree_max_processes": sampler.tree_max,
                # Where the CPU went (cpu_account.py): the trials' training threads against
                # what Ray's daemons, the driver and W&B take from the same cores.
@@ -244,6 +246,7 @@ def _assemble(points: list[dict], settings) -> dict:
                        "ideal_s": median(p["ideal_s"] for p in ps), "pool_wall_s": median(p["pool_wall_s"] for p in ps),
                        "overhead_s": median(p["wall_s"] - p["ideal_s"] for p in ps),
                        "driver_peak_rss_mb": max(p["driver_peak_rss_mb"] for p in ps),
+                       "driver_or_reaped_peak_rss_mb": max(p["driver_or_reaped_peak_rss_mb"] for p in ps),
                        "tree_peak_rss_mb": max(p["tree_peak_rss_mb"] for p in ps), "repeats": len(ps)})
     fit = _fit([p["trials"] for p in offline], [p["wall_s"] - p["ideal_s"] for p in offline])
     ratio = median(p["ratio"] for p in head)
