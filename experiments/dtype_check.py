@@ -101,6 +101,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("sweep", type=Path, help="a sweep folder over train.dtype=fp32,bf16 (sweeps/bf16_check)")
     p.add_argument("--json", type=Path, help="also write the numbers here")
     args = p.parse_args(argv)
+    if not args.sweep.is_dir():
+        print(f"dtype_check: sweep={args.sweep}: no such folder (a sweep over train.dtype=fp32,bf16, "
+              f"e.g. sweeps/bf16_check)", file=sys.stderr)
+        return 2
     try:
         result = dtype_gap(load([args.sweep]).complete)
     except ReportError as e:

@@ -3,7 +3,7 @@
 import pandas as pd
 import pytest
 
-from experiments.dtype_check import dtype_gap
+from experiments.dtype_check import dtype_gap, main
 from experiments.load import ReportError
 
 
@@ -54,3 +54,9 @@ def test_a_missing_dtype_or_no_shared_seed_is_named():
         dtype_gap(frame([4.0, 4.1], []))
     with pytest.raises(ReportError, match="share no seed"):
         dtype_gap(frame([4.0, 4.1], [4.0, 4.1], bf16_seeds=(5, 6)))
+
+
+def test_a_missing_folder_is_named(tmp_path, capsys):
+    assert main([str(tmp_path / "nope")]) == 2
+    err = capsys.readouterr().err
+    assert f"sweep={tmp_path / 'nope'}: no such folder" in err
