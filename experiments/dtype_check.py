@@ -30,7 +30,7 @@ import pandas as pd
 from core import results_schema as schema
 
 from .load import SEED_COLS, ReportError, load
-from .stats import t_interval
+from .stats import compare
 
 REFERENCE, CANDIDATE = "fp32", "bf16"
 
@@ -48,51 +48,58 @@ class DtypeGap:
     tokens_per_s_bf16: float
 
     @property
-    def verdict(self) -> str:
+    def outcome(self) -> str:
+        """one pair | changes | inside | inconclusive"""
         if self.pairs < 2:
-            return "one seed pair decides nothing; run seed=0,1,2"
+            return "one pair"
         if self.gap_lo > 0 or self.gap_hi < 0:
-            return f"bf16 changes the loss ({'higher' if self.gap > 0 else 'lower'} by {abs(self.gap):.4f} nats)"
-        allowed = max(abs(self.gap_lo), abs(self.gap_hi))
-        if abs(self.gap) <= self.seed_sd_fp32:
-            return f"bf16 sits inside the seed spread (the data allows a bias up to {allowed:.4f} nats)"
-        return (f"inconclusive: no bias shown, but the mean gap is larger than the seed spread; the data "
-                f"allows a bias up to {allowed:.4f} nats (more seeds narrow it)")
+            return "changes"
+        return "inside" if abs(self.gap) <= self.seed_sd_fp32 else "inconclusive"
 
     @property
     def inside_spread(self) -> bool:
-        return self.verdict.startswith("bf16 sits inside")
+        return self.outcome == "inside"
+
+    @property
+    def verdict(self) -> str:
+        allowed = max(abs(self.gap_lo), abs(self.gap_hi))
+        return {
+            "one pair": "one seed pair decides nothing; run seed=0,1,2",
+            "changes": f"bf16 changes the loss ({'higher' if self.gap > 0 else 'lower'} by {abs(self.gap):.4f} nats)",
+            "inside": f"bf16 sits inside the seed spread (the data allows a bias up to {allowed:.4f} nats)",
+            "inconclusive": f"inconclusive: no bias shown, but the mean gap is larger than the seed spread; the data "
+                            f"allows a bias up to {allowed:.4f} nats (more seeds narrow it)",
+        }[self.outcome]
 
     def lines(self) -> list[str]:
-        out = [f"seed pairs: {self.pairs}",
-               "final val loss fp32: " + ", ".join(f"{v:.4f}" for v in self.loss_fp32),
-               "final val loss bf16: " + ", ".join(f"{v:.4f}" for v in self.loss_bf16),
-               f"gap bf16 - fp32: {self.gap:+.4f} nats (95% interval {self.gap_lo:+.4f} to {self.gap_hi:+.4f})",
-               f"seed spread (sd of fp32 losses): {self.seed_sd_fp32:.4f} nats",
-               f"throughput: fp32 {self.tokens_per_s_fp32:,.0f} tok/s, bf16 {self.tokens_per_s_bf16:,.0f} tok/s "
-               f"({self.tokens_per_s_bf16 / self.tokens_per_s_fp32:.2f}x)",
-               f"verdict: {self.verdict}"]
-        return out
+        return [f"seed pairs: {self.pairs}",
+                "final val loss fp32: " + ", ".join(f"{v:.4f}" for v in self.loss_fp32),
+                "final val loss bf16: " + ", ".join(f"{v:.4f}" for v in self.loss_bf16),
+                f"gap bf16 - fp32: {self.gap:+.4f} nats (95% interval {self.gap_lo:+.4f} to {self.gap_hi:+.4f})",
+                f"seed spread (sd of fp32 losses): {self.seed_sd_fp32:.4f} nats",
+                f"throughput: fp32 {self.tokens_per_s_fp32:,.0f} tok/s, bf16 {self.tokens_per_s_bf16:,.0f} tok/s "
+                f"({self.tokens_per_s_bf16 / self.tokens_per_s_fp32:.2f}x)",
+                f"verdict: {self.verdict}"]
 
 
 def dtype_gap(complete: pd.DataFrame) -> DtypeGap:
     """The paired bf16 - fp32 gap of COMPLETE trials (a frame with dtype, the seed columns,
-    final_val_loss and tokens_per_s)."""
+    final_val_loss and tokens_per_s), through the report's own comparison (stats.compare)."""
     loss = schema.FINAL_VAL_LOSS
-    by = {d: complete[complete["dtype"] == d].groupby(list(SEED_COLS)) for d in (REFERENCE, CANDIDATE)}
-    means = {d: g[loss].mean() for d, g in by.items()}
-    missing = [d for d, m in means.items() if m.empty]
+    rows = {d: complete[complete["dtype"] == d] for d in (REFERENCE, CANDIDATE)}
+    missing = [d for d, r in rows.items() if r.empty]
     if missing:
         raise ReportError(f"no COMPLETE trial computed in {missing[0]} (dtype column: "
                           f"{sorted(complete['dtype'].dropna().unique())}); sweep train.dtype=fp32,bf16")
-    shared = means[REFERENCE].index.intersection(means[CANDIDATE].index)
-    if shared.empty:
+    c = compare(rows[CANDIDATE], rows[REFERENCE], loss)
+    if not c.paired:
         raise ReportError("fp32 and bf16 trials share no seed: sweep both dtypes over the same seed=...")
-    ref, cand = means[REFERENCE].loc[shared], means[CANDIDATE].loc[shared]
-    gap, lo, hi = t_interval((cand - ref).to_numpy(dtype=float))
-    speed = {d: float(complete.loc[complete["dtype"] == d, "tokens_per_s"].median()) for d in (REFERENCE, CANDIDATE)}
+    per_seed = {d: r.groupby(list(SEED_COLS))[loss].mean() for d, r in rows.items()}
+    shared = per_seed[REFERENCE].index.intersection(per_seed[CANDIDATE].index)
+    ref, cand = per_seed[REFERENCE].loc[shared], per_seed[CANDIDATE].loc[shared]
     sd = float(np.std(ref.to_numpy(dtype=float), ddof=1)) if len(ref) > 1 else math.nan
-    return DtypeGap(len(shared), [float(v) for v in ref], [float(v) for v in cand], gap, lo, hi, sd,
+    speed = {d: float(r["tokens_per_s"].median()) for d, r in rows.items()}
+    return DtypeGap(c.n, [float(v) for v in ref], [float(v) for v in cand], c.diff, c.lo, c.hi, sd,
                     speed[REFERENCE], speed[CANDIDATE])
 
 
