@@ -58,11 +58,12 @@ def main(argv: list[str] | None = None) -> int:
             benchmarks[n] = {**got[n], "machine": where, "timestamp": stamp}
         progress(",".join(names), f"done in {time.perf_counter() - t0:.0f} s")
 
-    from . import compile_bench, cpu_bench, data_bench, gpu_bench, sweep_bench, trainer_bench
+    from . import allocator_bench, compile_bench, cpu_bench, data_bench, gpu_bench, sweep_bench, trainer_bench
 
     attempt(["data_prep"], lambda _: {"data_prep": data_bench.run(settings)})
     attempt(["trainer_vs_bare", "probe_overhead"], lambda names: trainer_bench.run(settings, names))
     attempt(["cpu_bf16_speedup", "cpu_mfu"], lambda names: cpu_bench.run(settings, names))
+    attempt(["cpu_allocator"], lambda _: {"cpu_allocator": allocator_bench.run(settings)})
     attempt(["cpu_compile"], lambda _: {"cpu_compile": compile_bench.run(settings)})
     attempt(["sweep_overhead", "sweep_overhead_make_sweep"], lambda names: sweep_bench.split(sweep_bench.run(settings), names))
     attempt(["gpu_mfu"], lambda _: {"gpu_mfu": gpu_bench.run(settings)})

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from model import Transformer
 from trainer.data import TrainBatches
+from trainer.host_memory import retain_freed_memory
 from trainer.loop import lr_at, resolve_device
 from trainer.precision import autocast_for, resolve_dtype
 
@@ -32,6 +33,8 @@ def bare_loop(trial, data, steps: int | None = None) -> dict[str, float]:
     steps = total if steps is None else steps
     device = resolve_device(t.device)
     autocast = autocast_for(device, resolve_dtype(device, t.dtype).dtype)
+    if device.type == "cpu":  # the trainer's allocator setting: both sides in the same process state
+        retain_freed_memory()
     t0 = time.perf_counter()
     model = Transformer(trial.model).to(device)
     decay = [p for p in model.parameters() if p.ndim >= 2]

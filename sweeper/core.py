@@ -25,6 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 from core.errors import ConfigError
 from core.results_schema import results_path
 from trainer.data_check import check_trials
+from trainer.host_memory import check_switch as check_allocator_switch
 
 from . import resources, stop
 from .cluster import check_reachable, connect_ray, stop_ray
@@ -53,6 +54,7 @@ def _run(conf: SmallinitSweeperConf, loader, base: DictConfig, arguments: list[s
     _quiet_libraries()
     ray_cfg = OmegaConf.to_container(base.get("ray", {}), resolve=True) or {}
     resources.check_local(ray_cfg)
+    check_allocator_switch()  # read again by each trial's worker
     space = parse_sweep(arguments, dict(conf.params) if conf.params else None)
     sweep_dir = Path(base.hydra.sweep.dir).resolve()
     composer = Composer(loader, base, space, sweep_dir)

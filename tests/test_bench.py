@@ -13,7 +13,7 @@ import time
 import pytest
 
 from bench import BENCHMARKS
-from bench.common import TINY, rotate, timed_calls
+from bench.common import TINY, median, rotate, timed_calls
 from bench.sweep_bench import _fit
 
 from .conftest import REPO
@@ -82,6 +82,10 @@ def test_ratios_are_positive_and_finite(tiny_results):
     assert bf["ratio"] == pytest.approx(bf["measured"]["tokens_per_s"] / bf["baseline"]["tokens_per_s"])
     mfu = b["cpu_mfu"]
     assert 0 < mfu["ratio"] < 2 and _positive(mfu["baseline"]["matmul_gflops"])
+    a = b["cpu_allocator"]  # both allocator settings, each in a fresh process, in this run
+    assert _positive(a["ratio"]) and a["ratio"] == pytest.approx(median(a["paired_ratios"]))
+    assert a["baseline"]["allocator"] == "default" and a["measured"]["allocator"] == "retain"
+    assert all(_positive(a[side]["peak_rss_mb"]) and a[side]["faults_per_step"] >= 0 for side in ("baseline", "measured"))
     c = b["cpu_compile"]  # compiled and eager trials, each in a fresh process, in this run
     assert _positive(c["ratio"]) and c["ratio"] == pytest.approx(c["baseline"]["wall_s"] / c["measured"]["wall_s_warm"])
     assert _positive(c["step_ratio"]) and "train.compile" in c["decision"] or "compile is" in c["decision"]

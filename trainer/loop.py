@@ -20,6 +20,7 @@ from model import Transformer, run_probes
 
 from .checkpoint import load_checkpoint, save_checkpoint
 from .config import TrialConfig
+from .host_memory import retain_freed_memory
 from .precision import autocast_for, resolve_dtype
 from .reporting import JsonlReporter, MultiReporter, Reporter, Timer
 from .tasks import make_task
@@ -135,6 +136,8 @@ def run_trial(trial: TrialConfig, out_dir: Path, reporter: Reporter | None = Non
     device = resolve_device(t.device)
     precision = resolve_dtype(device, t.dtype)
     log(f"dtype: {precision.dtype} ({precision.reason})")
+    if device.type == "cpu":
+        log(f"host allocator: {retain_freed_memory()}")
     autocast = autocast_for(device, precision.dtype)
     task = make_task(trial, log=log, prepared=prepared)
 
