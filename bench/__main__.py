@@ -58,7 +58,15 @@ def main(argv: list[str] | None = None) -> int:
             benchmarks[n] = {**got[n], "machine": where, "timestamp": stamp}
         progress(",".join(names), f"done in {time.perf_counter() - t0:.0f} s")
 
-    from . import allocator_bench, compile_bench, cpu_bench, data_bench, gpu_bench, sweep_bench, trainer_bench
+    from . import (
+        allocator_bench,
+        compile_bench,
+        cpu_bench,
+        data_bench,
+        gpu_bench,
+        sweep_bench,
+        trainer_bench,
+    )
 
     attempt(["data_prep"], lambda _: {"data_prep": data_bench.run(settings)})
     attempt(["trainer_vs_bare", "probe_overhead"], lambda names: trainer_bench.run(settings, names))
