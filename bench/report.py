@@ -109,7 +109,7 @@ def rows(benchmarks: dict[str, dict]) -> list[list[str]]:
                         str(e["repeats"]),
                         f"page faults per step {b['faults_per_step']:,.0f} -> {m['faults_per_step']:,.0f}; system time per "
                         f"step {b['sys_s_per_step'] * 1000:.0f} -> {m['sys_s_per_step'] * 1000:.0f} ms; peak RSS "
-                        f"{b['peak_rss_mb']:.0f} -> {m['peak_rss_mb']:.0f} MB; fresh process each", where])
+                        f"{b['peak_rss_mb']:.0f} -> {m['peak_rss_mb']:.0f} MB over the timed steps; fresh process each", where])
         elif name == "cpu_compile":
             cold = f"; cold cache {m['wall_s_cold']:.1f} s ({e['cold_ratio']:.2f}x)" if m.get("wall_s_cold") else ""
             out.append([name, _f(e["ratio"], ".2f"), "-", "recorded", f"eager {b['wall_s']:.1f} s",

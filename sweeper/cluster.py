@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import ConfigError, first_line
+from trainer.host_memory import worker_env
 
 from . import ray_internals
 
@@ -57,8 +58,11 @@ def connect_ray(ray_cfg: dict[str, Any]) -> bool:
     # Trials keep the working directory they were launched from (Tune would chdir into its
     # own trial folder); set for every worker of the job, on a remote cluster too.
     os.environ["RAY_CHDIR_TO_TRIAL_DIR"] = "0"
+    # Workers get the CPU trial's allocator setting at process start (trainer/host_memory.py):
+    # Tune runs a trial on its own thread, which a later mallopt would not move to the main arena.
+    env_vars = {"RAY_CHDIR_TO_TRIAL_DIR": "0", **worker_env()}
     kwargs = {"include_dashboard": False, "logging_level": logging.WARNING, "log_to_driver": False,
-              "runtime_env": {"env_vars": {"RAY_CHDIR_TO_TRIAL_DIR": "0"}}}
+              "runtime_env": {"env_vars": env_vars}}
     try:
         if address:
             ray.init(address=address, **kwargs)

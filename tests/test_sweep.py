@@ -17,6 +17,8 @@ import optuna
 import pandas as pd
 import pytest
 
+from trainer import host_memory
+
 from .conftest import REPO, TINY, run_cli
 
 CARD = ["init.gamma=0.5,0.75,1.0,1.25", "norm.eps=1e-5,1e-12"]
@@ -166,6 +168,9 @@ def test_a_failing_trial_is_recorded_and_the_others_finish(tmp_path, data_cache)
     assert "diverged at step" in reason and trial.startswith("    trial ") and trial.endswith(f"full log: {log}")
     assert "TrialDiverged" in log.read_text() and "dtype:" in log.read_text()
     assert "dtype:" in (tmp_path / "sweeps" / "fails" / df.loc[1e-3, "trial_dir"] / "trial.log").read_text()
+    # Tune runs the trial on its own thread: the allocator setting must come with the worker's start.
+    if host_memory.worker_env():  # glibc, and no allocator setting of the user's in this environment
+        assert f"host allocator: {host_memory.KEPT} (set at process start)" in log.read_text()
 
 
 def test_max_failure_rate_stops_a_broken_sweep(tmp_path, data_cache):
