@@ -72,3 +72,17 @@ def test_a_cpu_trial_says_what_its_allocator_does(trial_config, tmp_path):
     run_trial(trial_config(), tmp_path / "t", log=lines.append)
     said = [line for line in lines if line.startswith("host allocator: ")]
     assert said == [f"host allocator: {host_memory.retain_freed_memory()}"]
+
+
+@pytest.mark.parametrize("env, expected", [
+    ({}, host_memory.RETAIN_ENV if GLIBC else {}),
+    ({host_memory.ENV_SWITCH: "default"}, {}),
+    ({"MALLOC_ARENA_MAX": "4"}, {}),  # the user's own setting is left alone
+    ({"LD_PRELOAD": "/usr/lib/libjemalloc.so.2"}, {}),
+])
+def test_what_the_sweep_hands_its_workers(monkeypatch, env, expected):
+    for var in (*host_memory._USER_ALLOCATOR_VARS, host_memory.ENV_SWITCH, "LD_PRELOAD"):
+        monkeypatch.delenv(var, raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    assert host_memory.worker_env() == expected
