@@ -5,7 +5,9 @@
 
 The two dtypes are paired by seed (same init noise, same data order), so d_s = loss_bf16(s) -
 loss_fp32(s), and the mean gap gets a 95% t-interval (experiments/stats.py). Three outcomes:
-- "bf16 changes the loss": the interval excludes 0;
+- "bf16 changes the loss": the interval excludes 0, and the gap kept its sign over the last
+  quarter of training (read from the trials' metrics.jsonl, as the report reads every claim);
+  if it flipped there, the outcome is "inconclusive" and says so;
 - "inside the seed spread": it holds 0 and the mean gap is no larger than the seed-to-seed
   spread of the fp32 losses (their standard deviation): the precision moves the result less
   than the choice of seed does;
@@ -46,6 +48,8 @@ class DtypeGap:
     seed_sd_fp32: float  # standard deviation of the fp32 losses across seeds
     tokens_per_s_fp32: float  # medians over the trials
     tokens_per_s_bf16: float
+    settled: bool | None = None  # did the gap's sign hold over the last quarter (None: no curves)
+    settle_note: str = ""
 
     @property
     def outcome(self) -> str:
@@ -53,7 +57,7 @@ class DtypeGap:
         if self.pairs < 2:
             return "one pair"
         if self.gap_lo > 0 or self.gap_hi < 0:
-            return "changes"
+            return "inconclusive" if self.settled is False else "changes"
         return "inside" if abs(self.gap) <= self.seed_sd_fp32 else "inconclusive"
 
     @property
@@ -67,8 +71,10 @@ class DtypeGap:
             "one pair": "one seed pair decides nothing; run seed=0,1,2",
             "changes": f"bf16 changes the loss ({'higher' if self.gap > 0 else 'lower'} by {abs(self.gap):.4f} nats)",
             "inside": f"bf16 sits inside the seed spread (the data allows a bias up to {allowed:.4f} nats)",
-            "inconclusive": f"inconclusive: no bias shown, but the mean gap is larger than the seed spread; the data "
-                            f"allows a bias up to {allowed:.4f} nats (more seeds narrow it)",
+            "inconclusive": (f"inconclusive: the final gap excludes 0 but {self.settle_note}; run longer"
+                             if self.settled is False else
+                             f"inconclusive: no bias shown, but the mean gap is larger than the seed spread; the data "
+                             f"allows a bias up to {allowed:.4f} nats (more seeds narrow it)"),
         }[self.outcome]
 
     def lines(self) -> list[str]:
@@ -77,6 +83,7 @@ class DtypeGap:
                 "final val loss bf16: " + ", ".join(f"{v:.4f}" for v in self.loss_bf16),
                 f"gap bf16 - fp32: {self.gap:+.4f} nats (95% interval {self.gap_lo:+.4f} to {self.gap_hi:+.4f})",
                 f"seed spread (sd of fp32 losses): {self.seed_sd_fp32:.4f} nats",
+                f"over training: {self.settle_note or 'not read'}",
                 f"throughput: fp32 {self.tokens_per_s_fp32:,.0f} tok/s, bf16 {self.tokens_per_s_bf16:,.0f} tok/s "
                 f"({self.tokens_per_s_bf16 / self.tokens_per_s_fp32:.2f}x)",
                 f"verdict: {self.verdict}"]
@@ -91,7 +98,7 @@ def dtype_gap(complete: pd.DataFrame) -> DtypeGap:
     if missing:
         raise ReportError(f"no COMPLETE trial computed in {missing[0]} (dtype column: "
                           f"{sorted(complete['dtype'].dropna().unique())}); sweep train.dtype=fp32,bf16")
-    c = compare(rows[CANDIDATE], rows[REFERENCE], loss)
+    c = compare(rows[CANDIDATE], rows[REFERENCE], loss, curve="val/loss")
     if not c.paired:
         raise ReportError("fp32 and bf16 trials share no seed: sweep both dtypes over the same seed=...")
     per_seed = {d: r.groupby(list(SEED_COLS))[loss].mean() for d, r in rows.items()}
@@ -100,7 +107,7 @@ def dtype_gap(complete: pd.DataFrame) -> DtypeGap:
     sd = float(np.std(ref.to_numpy(dtype=float), ddof=1)) if len(ref) > 1 else math.nan
     speed = {d: float(r["tokens_per_s"].median()) for d, r in rows.items()}
     return DtypeGap(c.n, [float(v) for v in ref], [float(v) for v in cand], c.diff, c.lo, c.hi, sd,
-                    speed[REFERENCE], speed[CANDIDATE])
+                    speed[REFERENCE], speed[CANDIDATE], c.settled, c.settle_note)
 
 
 def main(argv: list[str] | None = None) -> int:

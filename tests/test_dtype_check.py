@@ -60,3 +60,25 @@ def test_a_missing_folder_is_named(tmp_path, capsys):
     assert main([str(tmp_path / "nope")]) == 2
     err = capsys.readouterr().err
     assert f"sweep={tmp_path / 'nope'}: no such folder" in err
+
+
+def _curve(path, losses):
+    import json
+
+    path.write_text("".join(json.dumps({"step": 100 * (i + 1), "val/loss": v}) + "\n" for i, v in enumerate(losses)))
+    return str(path)
+
+
+def test_a_gap_whose_sign_flipped_late_in_training_is_not_called_a_change(tmp_path):
+    # At the end bf16 is higher on every seed, but at 75% of training it was lower: unsettled.
+    f = frame([4.00, 4.01, 4.02], [4.10, 4.12, 4.11])
+    f["metrics_path"] = [_curve(tmp_path / f"{d}{s}.jsonl", [5.0, 4.5, 4.2 + (0.1 if d == "fp32" else 0.0), v])
+                         for d, s, v in zip(f["dtype"], f["init_seed"], f["final_val_loss"])]
+    g = dtype_gap(f)
+    assert g.gap_lo > 0 and g.settled is False
+    assert g.outcome == "inconclusive" and not g.inside_spread
+    assert g.verdict.startswith("inconclusive: the final gap excludes 0 but ranking still changing")
+    # The same trials with curves that held their order are a change.
+    f["metrics_path"] = [_curve(tmp_path / f"held-{d}{s}.jsonl", [5.0, 4.5, v + 0.1, v])
+                         for d, s, v in zip(f["dtype"], f["init_seed"], f["final_val_loss"])]
+    assert dtype_gap(f).outcome == "changes" and dtype_gap(f).settled is True
