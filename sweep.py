@@ -26,11 +26,13 @@ def main(cfg: DictConfig) -> float | None:
     from core.errors import ConfigError
     from trainer.config import trial_config_from_dict
     from trainer.data_check import check_trials
+    from trainer.host_memory import check_switch
     from trainer.loop import run_trial
     from trainer.reporting import ConsoleReporter
 
     try:
         trial = trial_config_from_dict(OmegaConf.to_container(cfg, resolve=True))
+        check_switch()  # SMALLINIT_CPU_ALLOCATOR
         prepared = check_trials([trial]).get(trial.data)  # the corpus, held against the budget
     except ConfigError as e:
         sys.exit(f"error: {e}")

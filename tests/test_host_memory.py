@@ -56,13 +56,15 @@ def test_a_bad_switch_is_named_with_what_is_allowed(monkeypatch):
         host_memory.check_switch()
 
 
-def test_a_sweep_with_a_bad_switch_stops_before_any_trial(tmp_path):
+@pytest.mark.parametrize("args", [["-m", "init.gamma=0.5,1.0"], []], ids=["sweep", "single run"])
+def test_a_bad_switch_stops_the_command_before_any_trial(tmp_path, args):
     env = {**os.environ, host_memory.ENV_SWITCH: "fast", "PYTHONPATH": REPO}
-    proc = subprocess.run([sys.executable, os.path.join(REPO, "sweep.py"), "-m", "init.gamma=0.5,1.0", "model=nano"],
+    proc = subprocess.run([sys.executable, os.path.join(REPO, "sweep.py"), *args, "model=nano", "wandb.mode=disabled"],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0
-    assert "SMALLINIT_CPU_ALLOCATOR='fast'" in proc.stderr.strip().splitlines()[-1]
-    assert not list(tmp_path.glob("sweeps/*/trials/*"))
+    assert proc.stderr.strip().splitlines()[-1] == ("error: SMALLINIT_CPU_ALLOCATOR='fast': use 'retain' (keep freed "
+                                                    "memory, the default) or 'default' (glibc's own)")
+    assert not list(tmp_path.rglob("trial.json"))
 
 
 def test_a_cpu_trial_says_what_its_allocator_does(trial_config, tmp_path):
