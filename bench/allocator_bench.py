@@ -18,7 +18,10 @@ import resource
 import subprocess
 import sys
 
+from trainer.host_memory import ENV_SWITCH, USER_ALLOCATOR_VARS
+
 from .common import REPO, median, progress, rotate, spread
+from .cpu_account import status_kb
 
 SIDES = ("default", "retain")
 
@@ -37,7 +40,7 @@ def _child(overrides: list[str], steps: int) -> dict:
     return {"tokens_per_s": out["tokens"] / out["steps_s"], "steps": steps,
             "faults_per_step": (after.ru_minflt - before.ru_minflt) / steps,
             "sys_s_per_step": (after.ru_stime - before.ru_stime) / steps,
-            "peak_rss_mb": _status_mb("VmHWM") or after.ru_maxrss / 1024, "process_peak_rss_mb": after.ru_maxrss / 1024}
+            "peak_rss_mb": status_kb(os.getpid(), "VmHWM:") / 1024 or after.ru_maxrss / 1024, "process_peak_rss_mb": after.ru_maxrss / 1024}
 
 
 def _reset_peak_rss() -> None:
@@ -48,20 +51,9 @@ def _reset_peak_rss() -> None:
         pass
 
 
-def _status_mb(field: str) -> float | None:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return None
-
-
 def _run(side: str, overrides: list[str], steps: int, threads: int) -> dict:
-    env = {**os.environ, "SMALLINIT_CPU_ALLOCATOR": side, "OMP_NUM_THREADS": str(threads)}
-    for var in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "GLIBC_TUNABLES"):
+    env = {**os.environ, ENV_SWITCH: side, "OMP_NUM_THREADS": str(threads)}
+    for var in USER_ALLOCATOR_VARS:
         env.pop(var, None)  # the comparison is glibc's defaults against the trainer's setting
     cmd = [sys.executable, "-m", "bench.allocator_bench", "--child", str(steps), *overrides,
            f"train.threads={threads}", "train.device=cpu"]

@@ -143,8 +143,8 @@ class TreeSampler(threading.Thread):
         while not self._halt.is_set():
             pids = descendants(self.pid)
             self.tree_max = max(self.tree_max, len(pids))
-            self.tree_rss_kb = max(self.tree_rss_kb, sum(_status_kb(p, "VmRSS:") for p in pids))
-            self.root_hwm_kb = max(self.root_hwm_kb, _status_kb(self.pid, "VmHWM:"))
+            self.tree_rss_kb = max(self.tree_rss_kb, sum(status_kb(p, "VmRSS:") for p in pids))
+            self.root_hwm_kb = max(self.root_hwm_kb, status_kb(self.pid, "VmHWM:"))
             self.cpu.sample(pids)
             self._halt.wait(self.every)
 
@@ -153,7 +153,7 @@ class TreeSampler(threading.Thread):
         self.join()
 
 
-def _status_kb(pid: int, field: str) -> int:
+def status_kb(pid: int, field: str) -> int:
     """A kB field of /proc/PID/status (VmRSS: now, VmHWM: the peak); 0 once the process is gone."""
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():

@@ -83,7 +83,7 @@ def test_a_cpu_trial_says_what_its_allocator_does(trial_config, tmp_path):
     ({"LD_PRELOAD": "/usr/lib/libjemalloc.so.2"}, {}),
 ])
 def test_what_the_sweep_hands_its_workers(monkeypatch, env, expected):
-    for var in (*host_memory._USER_ALLOCATOR_VARS, host_memory.ENV_SWITCH, "LD_PRELOAD"):
+    for var in (*host_memory.USER_ALLOCATOR_VARS, host_memory.ENV_SWITCH, "LD_PRELOAD"):
         monkeypatch.delenv(var, raising=False)
     for k, v in env.items():
         monkeypatch.setenv(k, v)

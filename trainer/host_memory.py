@@ -44,7 +44,7 @@ RETAIN_BYTES = 1 << 30
 # sweep gives its Ray workers (sweeper/cluster.py), whose trials run on Tune's own thread.
 RETAIN_ENV = {"MALLOC_MMAP_THRESHOLD_": str(RETAIN_BYTES), "MALLOC_TRIM_THRESHOLD_": str(RETAIN_BYTES),
               "MALLOC_ARENA_MAX": "1"}
-_USER_ALLOCATOR_VARS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_ARENA_MAX",
+USER_ALLOCATOR_VARS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_ARENA_MAX",
                         "GLIBC_TUNABLES")
 KEPT = f"glibc keeps freed memory up to {RETAIN_BYTES >> 20} MiB, one arena"
 
@@ -77,7 +77,7 @@ def _not_applicable() -> str | None:
     """Why this process keeps glibc's behaviour or the user's, or None to apply the setting."""
     if check_switch() == "default":
         return f"glibc defaults ({ENV_SWITCH}=default)"
-    user = [v for v in _USER_ALLOCATOR_VARS if os.environ.get(v)]
+    user = [v for v in USER_ALLOCATOR_VARS if os.environ.get(v)]
     if user:
         return f"left as the environment sets it ({user[0]})"
     if "malloc" in os.environ.get("LD_PRELOAD", ""):
