@@ -48,6 +48,14 @@ def check_reachable(address: str) -> None:
         ) from None
 
 
+def allocator_env(ray_cfg: dict[str, Any]) -> dict[str, str]:
+    """CPU trials' workers get the allocator setting at process start (trainer/host_memory.py):
+    Tune trains on a thread of its own, which a later mallopt would not move to the main arena.
+    GPU trials keep glibc's defaults: their host side allocates little, and one arena would
+    make the host threads CUDA and data loading use take turns."""
+    return {} if float(ray_cfg.get("gpus_per_trial") or 0) > 0 else worker_env()
+
+
 def connect_ray(ray_cfg: dict[str, Any]) -> bool:
     """Connect to ray.address, or start a local Ray; False if this process already had one."""
     import ray
@@ -58,11 +66,8 @@ def connect_ray(ray_cfg: dict[str, Any]) -> bool:
     # Trials keep the working directory they were launched from (Tune would chdir into its
     # own trial folder); set for every worker of the job, on a remote cluster too.
     os.environ["RAY_CHDIR_TO_TRIAL_DIR"] = "0"
-    # Workers get the CPU trial's allocator setting at process start (trainer/host_memory.py):
-    # Tune runs a trial on its own thread, which a later mallopt would not move to the main arena.
-    env_vars = {"RAY_CHDIR_TO_TRIAL_DIR": "0", **worker_env()}
     kwargs = {"include_dashboard": False, "logging_level": logging.WARNING, "log_to_driver": False,
-              "runtime_env": {"env_vars": env_vars}}
+              "runtime_env": {"env_vars": {"RAY_CHDIR_TO_TRIAL_DIR": "0", **allocator_env(ray_cfg)}}}
     try:
         if address:
             ray.init(address=address, **kwargs)

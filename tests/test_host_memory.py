@@ -88,3 +88,15 @@ def test_what_the_sweep_hands_its_workers(monkeypatch, env, expected):
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     assert host_memory.worker_env() == expected
+
+
+@pytest.mark.parametrize("gpus, expected", [(None, True), (0, True), (0.5, False), (1, False)])
+def test_only_cpu_trials_workers_get_the_setting(monkeypatch, gpus, expected):
+    from sweeper.cluster import allocator_env
+
+    for var in (*host_memory.USER_ALLOCATOR_VARS, host_memory.ENV_SWITCH, "LD_PRELOAD"):
+        monkeypatch.delenv(var, raising=False)
+    got = allocator_env({"gpus_per_trial": gpus})
+    assert got == (host_memory.worker_env() if expected else {})
+    if expected and GLIBC:
+        assert got == host_memory.RETAIN_ENV
