@@ -1,7 +1,7 @@
 """Benchmarks: what the instrument (trial loop, probes, sweeper) costs, against bare baselines
 measured side by side in the same run.
 
-    python -m bench                       the full set (micro preset, ~15 min on 2 CPU cores)
+    python -m bench                       the full set (micro preset, ~30 min on 2 CPU cores)
     python -m bench --tiny                a seconds-scale smoke run (CI checks its output's shape)
     python -m bench --only gpu_mfu        one or more benchmarks, comma-separated
 
