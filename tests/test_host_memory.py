@@ -100,3 +100,13 @@ def test_only_cpu_trials_workers_get_the_setting(monkeypatch, gpus, expected):
     assert got == (host_memory.worker_env() if expected else {})
     if expected and GLIBC:
         assert got == host_memory.RETAIN_ENV
+
+
+@pytest.mark.skipif(not GLIBC, reason="the setting applies to glibc only")
+def test_applied_from_another_thread_it_says_what_it_cannot_cover():
+    code = (f"import sys, threading; sys.path.insert(0, {REPO!r}); from trainer import host_memory as h\n"
+            "t = threading.Thread(target=lambda: print(h.retain_freed_memory())); t.start(); t.join()")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env=_clean_env(SMALLINIT_CPU_ALLOCATOR="retain"))
+    assert out.stdout.strip().endswith("start the process with MALLOC_MMAP_THRESHOLD_=1073741824 "
+                                       "MALLOC_TRIM_THRESHOLD_=1073741824 MALLOC_ARENA_MAX=1 to cover it")

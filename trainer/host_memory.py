@@ -32,6 +32,7 @@ import ctypes
 import ctypes.util
 import os
 import platform
+import threading
 
 from core.errors import ConfigError
 
@@ -94,10 +95,13 @@ def _apply() -> str:
     if reason is not None:
         return reason
     libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-    # Order matters: setting either threshold ends glibc's dynamic adjustment of both. A thread
-    # that already allocated keeps its arena: on the main thread (train.py, a process pool)
-    # that is the main arena, which the thresholds fully cover.
+    # Setting either threshold also ends glibc's dynamic adjustment of both. A thread that
+    # already allocated keeps its arena: on the main thread (a single run, the bench's process
+    # pool) that is the main arena, which the thresholds fully cover.
     if not (libc.mallopt(M_MMAP_THRESHOLD, RETAIN_BYTES) and libc.mallopt(M_TRIM_THRESHOLD, RETAIN_BYTES)
             and libc.mallopt(M_ARENA_MAX, 1)):
         return "glibc defaults (mallopt refused the settings)"
+    if threading.current_thread() is not threading.main_thread():
+        start = " ".join(f"{k}={v}" for k, v in RETAIN_ENV.items())
+        return f"{KEPT}, except this thread's own arena: start the process with {start} to cover it"
     return KEPT
