@@ -67,10 +67,13 @@ def plan_sweep(conf: SmallinitSweeperConf, composer: Composer, grid_specs: list[
     storage = open_storage(storage_url)
     sampler = make_sampler(conf.sampler, conf.seed, space.distributions())
     study = Study(storage, conf.study_name or sweep_name, sampler)
-    restored = restore_from_folders(study, sweep_dir, space.grid_distributions() if space.mode == "grid"
-                                    else space.distributions())
+    restored, closed = restore_from_folders(study, sweep_dir, space.grid_distributions() if space.mode == "grid"
+                                            else space.distributions())
     if restored:
         print(f"study: recorded {restored} ended trials from {sweep_dir / 'trials'} that it lacked", flush=True)
+    if closed:
+        print(f"study: closed {closed} trials left RUNNING whose folders in {sweep_dir / 'trials'} had ended",
+              flush=True)
     # A grid rerun with more values (seeds, gammas) must fit what the study recorded: checked
     # before Ray starts, so this error, like every other, comes in the first seconds.
     grid_dists = study.grid_distributions(space) if space.mode == "grid" else None

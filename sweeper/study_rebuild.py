@@ -5,6 +5,9 @@ not know (optuna.db deleted, or replaced by a fresh one) is recorded again, as i
 params, value, validation curve, identity and failure reason and kind. The rerun then skips
 it as it would have with the old study, rather than training it twice or failing on a table
 without trial numbers. A folder with neither file is left to the plan: it is resumed.
+
+A study trial still RUNNING whose folder ended is closed as the folder says: the driver was
+killed after the worker wrote result.json (or failure.json) and before it told the study.
 """
 
 from __future__ import annotations
@@ -29,32 +32,47 @@ from core.trial_dir import TrialDir
 from .study import Study
 
 
-def restore_from_folders(study: Study, sweep_dir: Path, distributions: dict[str, BaseDistribution]) -> int:
-    """Record in the study every ended trial folder of sweep_dir it lacks; how many."""
-    known = {t.user_attrs.get("identity") for t in study.study.get_trials(deepcopy=False)}
-    ended = [d for d in TrialDir.all_in_sweep(sweep_dir)
-             if d.identity not in known and (d.finished or d.failed) and d.read_sweep_plan().get("params") is not None]
+def restore_from_folders(study: Study, sweep_dir: Path, distributions: dict[str, BaseDistribution]) -> tuple[int, int]:
+    """Record in the study every ended trial folder of sweep_dir it lacks, and close every
+    trial it holds RUNNING whose folder ended; (how many recorded, how many closed)."""
+    trials = study.study.get_trials(deepcopy=False)
+    known = {t.user_attrs.get("identity") for t in trials}
+    folders = [d for d in TrialDir.all_in_sweep(sweep_dir) if d.finished or d.failed]
+    ended = [d for d in folders if d.identity not in known and d.read_sweep_plan().get("params") is not None]
     ended.sort(key=lambda d: (d.sweep_json.stat().st_mtime, d.identity))  # roughly the order they were planned
+    by_identity = {d.identity: d for d in folders}
+    closed = 0
+    for t in trials:
+        d = by_identity.get(t.user_attrs.get("identity"))
+        if t.state == TrialState.RUNNING and d is not None:
+            state, value, attrs = _outcome(d)
+            study.set_attrs(t, **attrs)
+            study.finish(t, state, value)
+            closed += 1
     if not ended:
-        return 0
+        return 0, closed
     plans = {d.identity: d.read_sweep_plan()["params"] for d in ended}
     dists = _covering(distributions, list(plans.values()))
     for d in ended:
         params = plans[d.identity]
-        attrs: dict[str, Any] = {"identity": d.identity, "trial_dir": str(d.path), "restored_from_folder": True}
-        result, failure = d.read_result(damaged_ok=True), d.read_failure(damaged_ok=True)
-        value = (result or {}).get("final_val_loss")
-        if result is not None and value is not None and math.isfinite(value):
-            state = TrialState.COMPLETE
-        else:
-            state, value = TrialState.FAIL, None
-            attrs["fail_reason"] = (failure or {}).get("reason") or "no finite validation loss"
-            if (failure or {}).get("kind"):
-                attrs["fail_kind"] = failure["kind"]
+        state, value, attrs = _outcome(d)
+        attrs = {"identity": d.identity, "trial_dir": str(d.path), "restored_from_folder": True, **attrs}
         study.study.add_trial(optuna.trial.create_trial(
             state=state, value=value, params=params, distributions={k: dists[k] for k in params},
             user_attrs=attrs, intermediate_values=_val_curve(d)))
-    return len(ended)
+    return len(ended), closed
+
+
+def _outcome(d: TrialDir) -> tuple[TrialState, float | None, dict[str, Any]]:
+    """(state, value, failure attrs) of an ended trial folder, as the study records them."""
+    result, failure = d.read_result(damaged_ok=True), d.read_failure(damaged_ok=True)
+    value = (result or {}).get("final_val_loss")
+    if result is not None and value is not None and math.isfinite(value):
+        return TrialState.COMPLETE, value, {}
+    attrs = {"fail_reason": (failure or {}).get("reason") or "no finite validation loss"}
+    if (failure or {}).get("kind"):
+        attrs["fail_kind"] = failure["kind"]
+    return TrialState.FAIL, None, attrs
 
 
 def _val_curve(d: TrialDir) -> dict[int, float]:

@@ -131,6 +131,7 @@ def test_killed_driver_resumes_without_duplicates_or_retraining(tmp_path, data_c
     assert len(df) == 8 and df["identity"].is_unique and set(df["state"]) == {"COMPLETE"}
     trials = study_trials(sweep_dir, "killed")
     assert len(trials) == 8 and sorted(t.user_attrs["identity"] for t in trials) == sorted(df["identity"])
+    assert {t.state for t in trials} == {optuna.trial.TrialState.COMPLETE}
     after = result_mtimes(sweep_dir)
     assert {k: after[k] for k in finished} == finished  # finished trials were not trained again
 

@@ -1,0 +1,65 @@
+"""The trial folders are the truth the study is reconciled with before a sweep plans: real
+SQLite studies, trial folders written as a worker writes them."""
+
+from __future__ import annotations
+
+import optuna
+from optuna.distributions import FloatDistribution
+from optuna.trial import TrialState
+
+from core.trial_dir import TrialDir
+from sweeper.study import Study
+from sweeper.study_rebuild import restore_from_folders
+
+DISTS = {"init.gamma": FloatDistribution(0.5, 1.25)}
+
+
+def _study(tmp_path) -> Study:
+    storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 'optuna.db'}")
+    return Study(storage, "s", optuna.samplers.RandomSampler(seed=0))
+
+
+def _folder(sweep_dir, identity: str, gamma: float) -> TrialDir:
+    d = TrialDir.in_sweep(sweep_dir, identity)
+    d.path.mkdir(parents=True)
+    d.write_sweep_plan({"init.gamma": gamma}, [f"init.gamma={gamma}"], identity, {})
+    return d
+
+
+def _running(study: Study, identity: str, gamma: float, d: TrialDir):
+    t = study.create_running({"init.gamma": gamma}, DISTS)
+    study.set_attrs(t, identity=identity, trial_dir=str(d.path))
+    study.report(t, 8, 7.5)
+    return t
+
+
+def test_a_trial_left_running_whose_folder_finished_is_closed_as_the_folder_says(tmp_path):
+    """The driver was killed between the worker's result.json and its tell to the study."""
+    study, sweep_dir = _study(tmp_path), tmp_path / "sweep"
+    done, failed, live = (_folder(sweep_dir, name, g) for name, g in (("done", 0.5), ("bad", 1.0), ("live", 1.25)))
+    for name, d, g in (("done", done, 0.5), ("bad", failed, 1.0), ("live", live, 1.25)):
+        _running(study, name, g, d)
+    done.write_result({"final_val_loss": 6.25})
+    failed.write_failure("diverged: loss nan at step 3", "tb", kind="permanent")
+
+    assert restore_from_folders(study, sweep_dir, DISTS) == (0, 2)
+    trials = {t.user_attrs["identity"]: t for t in study.study.get_trials()}
+    assert len(trials) == 3
+    assert trials["done"].state == TrialState.COMPLETE and trials["done"].value == 6.25
+    assert trials["done"].intermediate_values == {8: 7.5}  # what it reported while it ran is kept
+    assert trials["bad"].state == TrialState.FAIL
+    assert trials["bad"].user_attrs["fail_reason"] == "diverged: loss nan at step 3"
+    assert trials["bad"].user_attrs["fail_kind"] == "permanent"
+    assert trials["live"].state == TrialState.RUNNING  # no result yet: the plan resumes it
+    assert restore_from_folders(study, sweep_dir, DISTS) == (0, 0)  # nothing left to reconcile
+
+
+def test_a_finished_folder_the_study_lacks_is_recorded_once(tmp_path):
+    study, sweep_dir = _study(tmp_path), tmp_path / "sweep"
+    _folder(sweep_dir, "a", 0.75).write_result({"final_val_loss": 6.5})
+    _folder(sweep_dir, "b", 1.0)  # planned, never ended: left to the plan
+    assert restore_from_folders(study, sweep_dir, DISTS) == (1, 0)
+    (t,) = study.study.get_trials()
+    assert t.state == TrialState.COMPLETE and t.value == 6.5 and t.params == {"init.gamma": 0.75}
+    assert t.user_attrs["restored_from_folder"] is True
+    assert restore_from_folders(study, sweep_dir, DISTS) == (0, 0)
