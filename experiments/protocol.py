@@ -68,7 +68,9 @@ def budget_section(sweep: Sweep, claims: list[Claim], figs, metric: str) -> tupl
             rows.append({"comparison": n["label"], "final gap": _g(n.get("diff")),
                          "95% interval": f"[{_g(n.get('lo'))}, {_g(n.get('hi'))}]", "pairs": n.get("n"),
                          "last quarter": ("held" if n.get("settled") else "changing" if n.get("settled") is False
-                                          else "not checked"), "verdict": n.get("verdict", "")})
+                                          else "not checked"),
+                         "verdict": n.get("verdict", "") + (" (side behind at its lr grid's edge)"
+                                                            if n.get("edge_behind") else "")})
     summary = dict(comparisons=rows)
     if items:
         blocks.append(Block("figure", figs.save(FP.gap_over_training(items), "gap_over_training",

@@ -49,10 +49,12 @@ not whether the paper is right at its scale.
 
 Verdicts follow the report's rule. Each setting is compared at its own best learning rate (where
 the experiment sweeps one); arms are paired by seed at that lr; a difference is real only when
-its 95% t-interval excludes 0 and the sign of the mean gap held over the last quarter of
-training. **supported**: every comparison real in the predicted direction; **contradicted**: one
-real in the opposite direction; **inconclusive**: the rest (one seed, a ranking still changing,
-or a null, stated with the smallest effect the data excludes); **not run**: nothing to compare.
+its 95% t-interval excludes 0, the sign of the mean gap held over the last quarter of
+training, and the side behind did not choose the smallest or largest lr tried (a wider grid
+could only lower its loss). **supported**: every comparison real in the predicted direction;
+**contradicted**: one real in the opposite direction; **inconclusive**: the rest (one seed, a
+ranking still changing, the side behind at its lr grid's edge, or a null, stated with the
+smallest effect the data excludes); **not run**: nothing to compare.
 
 Records marked *previous protocol* were run before this rule: one learning rate, 60-step budgets,
 and other verdict words ("not supported" then covered both a reversal and a null with 5+ seed

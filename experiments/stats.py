@@ -10,6 +10,10 @@ trials logged validation loss during training, the paired gap is computed at eve
 and a comparison counts only if the sign of the mean gap held over the last quarter of
 training (SETTLE_FRACTION).
 
+Each loss comparison is at each side's own best lr (tuning.py). Where the side behind chose the
+smallest or largest lr tried, a wider grid can only lower its loss and so shrink the gap: the
+difference is not called real until that grid is widened.
+
 Verdicts: supported (every comparison real in the predicted direction, rankings settled),
 contradicted (one real and settled in the opposite direction), inconclusive (the rest, with
 the smallest effect the data excludes), not run (nothing to compare).
@@ -26,7 +30,7 @@ import pandas as pd
 from scipy import stats
 
 from .load import SEED_COLS, read_metrics
-from .tuning import OPTIM_COLS
+from .tuning import EDGE_COL, OPTIM_COLS
 
 ONE_SEED = "one seed"
 WITHIN = "within spread"
@@ -58,6 +62,9 @@ class Comparison:
     # The optimiser settings each side was compared at (each side's own best, tuning.py).
     optim_a: dict | None = None
     optim_b: dict | None = None
+    # A real loss difference whose side behind chose an lr at the edge of its grid: which side
+    # and why ("" otherwise). Such a difference is not counted until the grid is widened.
+    edge_behind: str = ""
 
     @property
     def excluded(self) -> float:
@@ -82,6 +89,8 @@ class Comparison:
             txt += f"; at {_optim_text(self.optim_a)} vs {_optim_text(self.optim_b)}"
         if self.settle_note:
             txt += f"; {self.settle_note}"
+        if self.edge_behind:
+            txt += f"; {self.edge_behind}"
         return txt
 
 
@@ -124,8 +133,9 @@ def from_diffs(d, mean_a: float = float("nan"), mean_b: float = float("nan")) ->
 
 def compare(a: pd.DataFrame, b: pd.DataFrame, value: str, pair_cols=SEED_COLS, curve: str | None = None) -> Comparison:
     """value(A) - value(B), paired on the seeds both have; unpaired (Welch) if they share none.
-    With `curve` (a metrics.jsonl key such as "val/loss"), also the paired gap over training
-    and whether its ranking settled."""
+    With `curve` (a metrics.jsonl key such as "val/loss"), `value` is a loss, the quantity the
+    lrs were tuned on: also the paired gap over training, whether its ranking settled, and
+    whether the side behind sits at the edge of its lr grid."""
     a = a[np.isfinite(a[value].astype(float))]
     b = b[np.isfinite(b[value].astype(float))]
     c = _compare(a, b, value, pair_cols)
@@ -133,6 +143,11 @@ def compare(a: pd.DataFrame, b: pd.DataFrame, value: str, pair_cols=SEED_COLS, c
     if curve and c.paired and c.n > 0:
         c.over_training = gap_over_training(a, b, curve, pair_cols)
         c.settled, c.settle_note = settled(c.over_training, c.diff)
+    if curve and c.status in (A_HIGHER, A_LOWER):
+        side, behind = ("A", a) if c.status == A_HIGHER else ("B", b)
+        edges = sorted({e for e in behind.get(EDGE_COL, pd.Series(dtype=str)).dropna() if e})
+        if edges:
+            c.edge_behind = f"the side behind ({side}) is at the edge of its grid: {'; '.join(edges)}"
     return c
 
 
@@ -229,7 +244,8 @@ def outcome(c: Comparison, want: str) -> str:
     against = A_HIGHER if want == A_LOWER else A_LOWER
     if c.n == 0:
         return NOT_RUN
-    if c.status == ONE_SEED or c.settled is False or (c.over_training is not None and c.settled is None):
+    if (c.status == ONE_SEED or c.settled is False or (c.over_training is not None and c.settled is None)
+            or c.edge_behind):
         return INCONCLUSIVE
     if c.status == against:
         return CONTRADICTED
@@ -258,6 +274,8 @@ def verdict(comparisons: list[Comparison], want: str, unit: str = "nats") -> tup
     one = [c for c in comparisons if c.status == ONE_SEED]
     moving = [c for c in comparisons if c.settled is False and c.status != ONE_SEED]
     unchecked = [c for c in comparisons if c.over_training is not None and c.settled is None and c.status != ONE_SEED]
+    at_edge = [c for c in comparisons if c.edge_behind and c.settled is not False
+               and not (c.over_training is not None and c.settled is None)]
     nulls = _nulls(comparisons)
     if one:
         why.append(f"{len(one)} with one seed (no interval)")
@@ -265,6 +283,9 @@ def verdict(comparisons: list[Comparison], want: str, unit: str = "nats") -> tup
         why.append(f"{len(moving)} with the ranking still changing in the last quarter of training")
     if unchecked:
         why.append(f"{len(unchecked)} whose last-quarter ranking was not checked")
+    if at_edge:
+        why.append(f"{len(at_edge)} beyond the seed spread but with the side behind at the edge of its lr grid "
+                   "(widen the grid: a better lr there can only close the gap)")
     if nulls:
         x = max(c.excluded for c in nulls)
         lo, hi = min(c.n for c in nulls), max(c.n for c in nulls)

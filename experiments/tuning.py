@@ -6,7 +6,8 @@ effect with the lr's. As in muP and the scaling-law literature, every variant is
 own tuned lr (and weight decay, when swept): per (size, setting, gamma) the optimiser settings
 with the lowest seed-mean loss are chosen, and only those trials enter the comparisons, which
 are then paired by seed at that choice. A choice at the smallest or largest value tried is
-flagged: the optimum may lie outside the grid.
+flagged: the optimum may lie outside the grid. The kept trials carry the flag (EDGE_COL), so a
+comparison can tell when the arm behind might close the gap on a wider grid (stats.py).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import pandas as pd
 # The optimiser axes tuned per cell (size, setting, gamma); the init is what is compared.
 OPTIM_COLS = ("lr", "weight_decay")
 CELL = ("size", "setting", "gamma")
+# On each kept trial: why its cell's choice sits at the edge of the grid ("" when inside it).
+EDGE_COL = "optim_edge"
 
 
 @dataclass
@@ -111,7 +114,7 @@ def tune(df: pd.DataFrame, metric: str) -> tuple[pd.DataFrame, Tuning]:
         row["excluded_options"] = int(len(stats) - len(full))
         row["edge"] = row["edge"].rstrip("; ")
         rows.append(row)
-        keep.append(df.loc[g.index[mask]])
+        keep.append(df.loc[g.index[mask]].assign(**{EDGE_COL: row["edge"]}))
     chosen = pd.DataFrame(rows)
     return pd.concat(keep).sort_index(), Tuning(axes=axes, chosen=chosen, all_trials=df)
 

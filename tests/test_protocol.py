@@ -70,6 +70,35 @@ def test_each_setting_is_compared_at_its_own_best_lr(tmp_path):
     assert n["diff"] == pytest.approx(-0.10, abs=5e-3) and n["verdict"] == "supported"
 
 
+def test_a_difference_whose_side_behind_sits_at_the_lr_edge_is_not_yet_real(tmp_path):
+    """gamma 0.5 is behind gamma 1 beyond the spread, but chose the smallest lr tried: a
+    smaller one could close the gap, so the difference waits for a wider grid. The side ahead
+    at an edge (test above) decides: a wider grid could only widen its lead."""
+    rng = np.random.default_rng(5)
+    means = {(0.5, 1e-3): 5.10, (0.5, 3e-3): 5.15, (0.5, 1e-2): 5.30,
+             (1.0, 1e-3): 5.05, (1.0, 3e-3): 4.95, (1.0, 1e-2): 5.00}
+    rows = [_row(identity=f"{g}-{lr}-{s}", gamma=g, lr=lr, init_seed=s, train_seed=s,
+                 final_val_loss=m + 0.01 * s + rng.normal(0, 1e-3))
+            for s in range(4) for (g, lr), m in means.items()]
+    sweep = load([_write(tmp_path, "edge", rows)])
+    df = sweep.complete
+    small, large = df[df["gamma"] == 1.0], df[df["gamma"] == 0.5]
+    c = compare(small, large, "final_val_loss", curve="val/loss")
+    assert c.status == A_LOWER and c.diff == pytest.approx(-0.15, abs=5e-3)
+    assert c.edge_behind == "the side behind (B) is at the edge of its grid: lr = 0.001 is the smallest tried"
+    v, why = verdict([c], A_LOWER)
+    assert v == "inconclusive" and "edge of its lr grid" in why
+    assert verdict([compare(large, small, "final_val_loss", curve="val/loss")], A_LOWER)[0] == "inconclusive"
+    # Not a loss comparison (no curve): the lr grid is not what it is about.
+    assert compare(small, large, "final_val_loss").edge_behind == ""
+    # One smaller lr, worse: gamma 0.5's choice is now inside its grid and the difference is real.
+    wider = rows + [_row(identity=f"0.5-3e-4-{s}", gamma=0.5, lr=3e-4, init_seed=s, train_seed=s,
+                         final_val_loss=5.25 + 0.01 * s) for s in range(4)]
+    df = load([_write(tmp_path, "wider", wider)]).complete
+    c = compare(df[df["gamma"] == 1.0], df[df["gamma"] == 0.5], "final_val_loss", curve="val/loss")
+    assert c.edge_behind == "" and verdict([c], A_LOWER)[0] == "supported"
+
+
 def test_trials_that_ran_in_different_dtypes_are_never_paired(tmp_path):
     """A cluster that mixes CPUs with and without native bf16 runs some trials of one grid in
     bf16 (train.dtype=auto): dtype becomes part of the setting, so no comparison mixes them."""
