@@ -72,8 +72,8 @@ def plan_sweep(conf: SmallinitSweeperConf, composer: Composer, grid_specs: list[
     if restored:
         print(f"study: recorded {restored} ended trials from {sweep_dir / 'trials'} that it lacked", flush=True)
     if closed:
-        print(f"study: closed {closed} trials left RUNNING whose folders in {sweep_dir / 'trials'} had ended",
-              flush=True)
+        print(f"study: closed {_trials(closed)} left RUNNING by a stopped driver, as {sweep_dir / 'trials'} "
+              "records them", flush=True)
     # A grid rerun with more values (seeds, gammas) must fit what the study recorded: checked
     # before Ray starts, so this error, like every other, comes in the first seconds.
     grid_dists = study.grid_distributions(space) if space.mode == "grid" else None
@@ -83,6 +83,10 @@ def plan_sweep(conf: SmallinitSweeperConf, composer: Composer, grid_specs: list[
     return SweepPlan(space=space, composer=composer, study=study, storage_url=storage_url, sweep_dir=sweep_dir,
                      checked=checked, grid_distributions=grid_dists, pending=pending, n_new=n_new,
                      skipped=skipped, total=total)
+
+
+def _trials(n: int) -> str:
+    return f"{n} trial" if n == 1 else f"{n} trials"
 
 
 def _left_to_run(conf, space, study, specs, composer) -> tuple[list[Pending], int, int, int]:
