@@ -69,7 +69,12 @@ def _outcome(d: TrialDir) -> tuple[TrialState, float | None, dict[str, Any]]:
     value = (result or {}).get("final_val_loss")
     if result is not None and value is not None and math.isfinite(value):
         return TrialState.COMPLETE, value, {}
-    attrs = {"fail_reason": (failure or {}).get("reason") or "no finite validation loss"}
+    if d.finished and result is None:
+        why = (f"{d.result_json.name} is unreadable (damaged): move it aside and rerun with "
+               "hydra.sweeper.retry_failed=true to train the trial again")
+    else:
+        why = (failure or {}).get("reason") or "no finite validation loss"
+    attrs = {"fail_reason": why}
     if (failure or {}).get("kind"):
         attrs["fail_kind"] = failure["kind"]
     return TrialState.FAIL, None, attrs

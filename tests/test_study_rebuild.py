@@ -54,6 +54,18 @@ def test_a_trial_left_running_whose_folder_finished_is_closed_as_the_folder_says
     assert restore_from_folders(study, sweep_dir, DISTS) == (0, 0)  # nothing left to reconcile
 
 
+def test_a_damaged_result_closes_the_trial_as_failed_and_says_which_file(tmp_path):
+    study, sweep_dir = _study(tmp_path), tmp_path / "sweep"
+    d = _folder(sweep_dir, "cut", 1.0)
+    _running(study, "cut", 1.0, d)
+    d.result_json.write_text('{"final_val_loss": 6.2')  # cut off mid-write (not by atomic_write_json)
+    assert restore_from_folders(study, sweep_dir, DISTS) == (0, 1)
+    (t,) = study.study.get_trials()
+    assert t.state == TrialState.FAIL
+    assert t.user_attrs["fail_reason"].startswith("result.json is unreadable (damaged): move it aside")
+    assert "hydra.sweeper.retry_failed=true" in t.user_attrs["fail_reason"]
+
+
 def test_a_finished_folder_the_study_lacks_is_recorded_once(tmp_path):
     study, sweep_dir = _study(tmp_path), tmp_path / "sweep"
     _folder(sweep_dir, "a", 0.75).write_result({"final_val_loss": 6.5})
