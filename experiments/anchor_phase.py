@@ -26,6 +26,7 @@ from .stats import (
     NOT_RUN,
     SUPPORTED,
     compare,
+    judge,
     largest_excluded,
     verdict,
 )
@@ -131,6 +132,7 @@ def anchor_claim(df: pd.DataFrame) -> Claim:
     inf = compare(small, large, ACCURACIES["inferential"], PAIR_COLS)
     sym = compare(small, large, ACCURACIES["symmetric"], PAIR_COLS)
     label = f"γ={hi:g} vs γ={lo:g}, paired by (depth, seed)"
+    judge([inf, sym], [A_HIGHER, A_LOWER])  # Holm over the claim's two comparisons
     _record(c, f"{label}: inferential accuracy", inf, A_HIGHER, unit="of sequences")
     _record(c, f"{label}: symmetric accuracy", sym, A_LOWER, unit="of sequences")
     vi, ri = verdict([inf], A_HIGHER, "of sequences")

@@ -5,6 +5,13 @@ Comparisons between variants go through experiments.stats (paired by seed at eac
 lr, real only when the 95% interval excludes 0 and the ranking held over the last quarter of
 training; one seed decides nothing). An inconclusive claim states the smallest effect its data
 excludes. "Small init" means gamma >= 1 - NEAR_ONE; "near 1" means |gamma - 1| <= NEAR_ONE.
+
+A claim is scored only on the contrast it names: a record without that contrast gives "not run"
+and says what it lacks (a γ-only sweep does not test the recipe of γ, eps and the gate together;
+the gate's claim is the interaction, its gain at γ ≈ 1 minus its gain at γ = 0.5). Before a
+claim's comparisons are recorded they are judged together (stats.judge: Holm over the claim's
+comparisons), so each comparison's own verdict word is the corrected one. A deterministic
+measurement at init is a check (kind CHECK), listed apart from the verdicts on trained models.
 """
 
 from __future__ import annotations
@@ -25,6 +32,8 @@ from .stats import (
     VERDICTS,
     Comparison,
     compare,
+    interaction,
+    judge,
     largest_excluded,
     outcome,
     verdict,
@@ -35,6 +44,8 @@ __all__ = ["VERDICTS", "Claim"]
 LOSS_CURVE = "val/loss"
 NEAR_ONE = 0.15
 SLOPE_TOL = 0.1
+# Claim kinds: a verdict on trained models, or a deterministic check at init.
+VERDICT, CHECK = "verdict", "check at init"
 
 
 @dataclass
@@ -47,14 +58,26 @@ class Claim:
     numbers: list[dict] = field(default_factory=list)
     # Inconclusive claims: the |effect| beyond which the data rules it out (in the claim's unit).
     excluded: float | None = None
+    kind: str = VERDICT
 
     def as_dict(self) -> dict:
         return dict(claim=self.claim, paper=self.paper, verdict=self.verdict, reason=self.reason,
-                    evidence=self.evidence, numbers=self.numbers, excluded=self.excluded)
+                    evidence=self.evidence, numbers=self.numbers, excluded=self.excluded, kind=self.kind)
 
     def decide(self, comps: list[Comparison], want: str, unit: str = "nats") -> None:
         self.verdict, self.reason = verdict(comps, want, unit)
         self.excluded = largest_excluded(comps) if self.verdict == INCONCLUSIVE else None
+
+    def record_all(self, rows: list[tuple], want: str, unit: str = "nats") -> list[Comparison]:
+        """rows: (label, Comparison, evidence lines to follow it). Judged together first (Holm
+        over the claim's comparisons), then recorded; returns the comparisons."""
+        comps = [r[1] for r in rows]
+        if any(x.p_holm is None and x.n > 0 for x in comps):  # unless judged in a larger family
+            judge(comps, want)
+        for label, comp, *notes in rows:
+            _record(self, label, comp, want, unit)
+            self.evidence += [n for ns in notes for n in ns]
+        return comps
 
 
 def _record(claim: Claim, label: str, c: Comparison, want: str, unit: str = "nats", what: str = "A − B") -> None:
@@ -66,7 +89,7 @@ def best_gamma_claim(sweep: Sweep, best: pd.DataFrame, metric: str) -> Claim:
     c = Claim("Best γ is near 1, and loss is worse above 1",
               "loss is lowest at γ = 1 and degrades for γ > 1", NOT_RUN, "")
     df = sweep.complete
-    comps, above = [], False
+    rows, above = [], False
     for gamma_curve, g in df.groupby("gamma_curve"):
         gammas = np.sort(g["gamma"].unique())
         b = best[best["gamma_curve"] == gamma_curve].iloc[0]
@@ -79,8 +102,8 @@ def best_gamma_claim(sweep: Sweep, best: pd.DataFrame, metric: str) -> Claim:
         for other in gammas[gammas != g1]:
             above |= other > g1
             comp = compare(g[np.isclose(g["gamma"], g1)], g[np.isclose(g["gamma"], other)], metric, curve=LOSS_CURVE)
-            comps.append(comp)
-            _record(c, f"{gamma_curve}: γ={g1:g} vs γ={other:g}", comp, A_LOWER)
+            rows.append((f"{gamma_curve}: γ={g1:g} vs γ={other:g}", comp))
+    comps = c.record_all(rows, A_LOWER)
     c.decide(comps, A_LOWER)
     if not comps:
         c.reason = f"no arm has γ within {NEAR_ONE} of 1 and another γ to compare"
@@ -95,18 +118,17 @@ def eps_claim(sweep: Sweep, metric: str, sat_init: pd.DataFrame) -> Claim:
               NOT_RUN, "")
     df = sweep.complete
     keys = ["size", "gamma", *[k for k in sweep.setting_cols if k != "eps"]]
-    comps = []
+    rows = []
     for key, g in df[df["gamma"] >= 1 - NEAR_ONE].groupby(keys):
         eps = np.sort(g["eps"].unique())
         if len(eps) < 2:
             continue
         lo, hi = g[np.isclose(g["eps"], eps[0])], g[np.isclose(g["eps"], eps[-1])]
         comp = compare(lo, hi, metric, curve=LOSS_CURVE)
-        comps.append(comp)
-        _record(c, f"{key[0]}, γ={key[1]:g}: eps={eps[0]:g} vs eps={eps[-1]:g}", comp, A_LOWER)
         s = sat_init[sat_init["identity"].isin(hi["identity"])]["init"]
-        if not s.empty:
-            c.evidence.append(f"  saturation at step 0 with eps={eps[-1]:g}: {s.mean():.3f} (1 = eps has no effect)")
+        notes = [] if s.empty else [f"  saturation at step 0 with eps={eps[-1]:g}: {s.mean():.3f} (1 = eps has no effect)"]
+        rows.append((f"{key[0]}, γ={key[1]:g}: eps={eps[0]:g} vs eps={eps[-1]:g}", comp, notes))
+    comps = c.record_all(rows, A_LOWER)
     c.decide(comps, A_LOWER)
     if not comps:
         c.reason = "no small-init (γ ≥ 1) arm was run at two eps values"
@@ -114,35 +136,66 @@ def eps_claim(sweep: Sweep, metric: str, sat_init: pd.DataFrame) -> Claim:
 
 
 def gate_claim(sweep: Sweep, metric: str) -> Claim:
-    c = Claim("The gate reduces the attention sink and lowers loss with small init",
+    """The sink at small init, gate against none; the loss as the interaction: the gate's gain
+    at γ ≈ 1 minus its gain at a standard γ < 1 - NEAR_ONE, paired by seed (the paper's claim is
+    that the gate lets small init's gain through, not that a gate helps everywhere). The gate's
+    main effect on the loss at γ ≈ 1 is reported apart, not scored."""
+    c = Claim("The gate reduces the attention sink and lets small init's gain through",
               "a query-dependent output gate suppresses first-token attention (Qiu et al.: 46.7% → 4.8%) "
-              "and unlocks small init's gain", NOT_RUN, "")
+              "and unlocks small init's gain (the gate helps γ = 1 more than γ = 0.5)", NOT_RUN, "")
     df = sweep.complete
-    keys = ["size", "gamma", *[k for k in sweep.setting_cols if k != "gate"]]
-    sink, loss = [], []
-    for key, g in df[df["gamma"] >= 1 - NEAR_ONE].groupby(keys):
-        if "none" not in set(g["gate"]) or g["gate"].nunique() < 2:
-            continue
-        base = g[g["gate"] == "none"]
-        for gate in sorted(set(g["gate"]) - {"none"}):
-            a = g[g["gate"] == gate]
-            cs, cl = compare(a, base, "attn_sink"), compare(a, base, metric, curve=LOSS_CURVE)
-            sink.append(cs)
-            loss.append(cl)
-            _record(c, f"{key[0]}, γ={key[1]:g}: gate={gate} vs none (attention sink)", cs, A_LOWER, unit="of attention")
-            _record(c, f"{key[0]}, γ={key[1]:g}: gate={gate} vs none (loss)", cl, A_LOWER)
-    if not sink:
+    others = ["size", *[k for k in sweep.setting_cols if k != "gate"]]
+    sink_rows, inter_rows, main_rows = [], [], []
+    for key, g in df.groupby(others):
+        at = {gm: gg for gm, gg in g.groupby("gamma") if "none" in set(gg["gate"]) and gg["gate"].nunique() > 1}
+        small = [gm for gm in at if gm >= 1 - NEAR_ONE]
+        standard = [gm for gm in at if gm < 1 - NEAR_ONE]
+        for g1 in small:
+            h = at[g1]
+            for gate in sorted(set(h["gate"]) - {"none"}):
+                a, base = h[h["gate"] == gate], h[h["gate"] == "none"]
+                sink_rows.append((f"{key[0]}, γ={g1:g}: gate={gate} vs none (attention sink)", compare(a, base, "attn_sink")))
+                main_rows.append((f"{key[0]}, γ={g1:g}: gate={gate} vs none (loss; main effect, not scored)",
+                                  compare(a, base, metric, curve=LOSS_CURVE)))
+                for g0 in standard:
+                    h0 = at[g0]
+                    if gate not in set(h0["gate"]):
+                        continue
+                    inter_rows.append((f"{key[0]}: (gate={gate} − none at γ={g1:g}) − (gate={gate} − none at γ={g0:g}) "
+                                       "(loss)", interaction(a, base, h0[h0["gate"] == gate], h0[h0["gate"] == "none"],
+                                                             metric, curve=LOSS_CURVE)))
+    if not sink_rows:
         c.reason = "no small-init arm was run both with and without the gate (add attn=none,elementwise)"
         return c
+    # One family for Holm: the sink and interaction comparisons the verdict rests on.
+    judge([r[1] for r in sink_rows + inter_rows], A_LOWER)
+    sink = c.record_all(sink_rows, A_LOWER, unit="of attention")
+    loss = c.record_all(inter_rows, A_LOWER)
+    main = [r[1] for r in main_rows]
+    judge(main, A_LOWER)
+    for label, comp in main_rows:
+        c.evidence.append(f"{label}: A − B = {comp.text()}")
     vs, rs = verdict(sink, A_LOWER, "of attention")
+    vm, rm = verdict(main, A_LOWER)
+    if not loss:
+        c.evidence.insert(0, f"sink: {vs} ({rs}); loss, main effect at small init (not scored): {vm} ({rm})")
+        if vs == CONTRADICTED:
+            c.verdict, c.reason = CONTRADICTED, f"sink: {rs}"
+        else:
+            c.reason = ("the loss claim is the interaction (the gate's gain at γ ≈ 1 against its gain at γ = 0.5), "
+                        "and this record has the gate ± only at small init: run γ = 0.5 with and without the gate too. "
+                        f"Sink: {vs}; the gate's main effect on the loss at small init (not scored): {vm}")
+        return c
     vl, rl = verdict(loss, A_LOWER)
-    c.evidence.insert(0, f"sink: {vs} ({rs}); loss: {vl} ({rl})")
+    c.evidence.insert(0, f"sink: {vs} ({rs}); loss interaction: {vl} ({rl}); main effect at small init "
+                         f"(not scored): {vm}")
     if vs == vl == SUPPORTED:
-        c.verdict, c.reason = SUPPORTED, "both the sink and the loss drop beyond their seed spread"
+        c.verdict, c.reason = SUPPORTED, ("the sink drops, and the gate lowers the loss more at small init than at the "
+                                          "standard γ, each beyond its seed spread")
     elif CONTRADICTED in (vs, vl):
-        c.verdict, c.reason = CONTRADICTED, f"sink: {rs}; loss: {rl}"
+        c.verdict, c.reason = CONTRADICTED, f"sink: {rs}; loss interaction: {rl}"
     else:
-        c.verdict, c.reason = INCONCLUSIVE, f"sink: {rs}; loss: {rl}"
+        c.verdict, c.reason = INCONCLUSIVE, f"sink: {rs}; loss interaction: {rl}"
         c.excluded = largest_excluded(loss)
     return c
 
@@ -151,12 +204,15 @@ def token_claim(token_results: list, why_not: str | None) -> Claim:
     c = Claim("Gains concentrate on moderate-to-hard tokens",
               "the symmetric probability gap Δ_sym sits on tokens of moderate-to-high difficulty",
               NOT_RUN, why_not or "")
-    comps = []
+    rows = []
     for tr in token_results:
-        _record(c, f"{tr.size}: mean Δ_sym, all tokens", tr.overall, A_HIGHER, unit="", what="Δ_sym")
-        _record(c, f"{tr.size}: mean Δ_sym, moderate-to-hard (top 3 quintiles)", tr.hard, A_HIGHER, unit="", what="Δ_sym")
-        _record(c, f"{tr.size}: hard minus easy", tr.hard_minus_easy, A_HIGHER, unit="", what="Δ_sym(hard) − Δ_sym(easy)")
-        comps += [tr.hard, tr.hard_minus_easy]
+        rows += [(f"{tr.size}: mean Δ_sym, all tokens", tr.overall, "Δ_sym"),
+                 (f"{tr.size}: mean Δ_sym, moderate-to-hard (top 3 quintiles)", tr.hard, "Δ_sym"),
+                 (f"{tr.size}: hard minus easy", tr.hard_minus_easy, "Δ_sym(hard) − Δ_sym(easy)")]
+    judge([r[1] for r in rows], A_HIGHER)  # every comparison shown is in the claim's family
+    for label, comp, what in rows:
+        _record(c, label, comp, A_HIGHER, unit="", what=what)
+    comps = [tr.hard for tr in token_results] + [tr.hard_minus_easy for tr in token_results]
     if comps:
         c.decide(comps, A_HIGHER, unit="(Δ_sym)")
         c.evidence.insert(0, f"A = {token_results[0].variant_a}; B = {token_results[0].variant_b}")
@@ -263,24 +319,40 @@ def recipe_claim(sweep: Sweep, base_variant: str | None, recipe: str | None, met
     if base_variant is None or recipe is None:
         c.reason = "needs the baseline γ = 0.5 and a γ ≈ 1 variant in one sweep (e.g. arm=baseline,small)"
         return c
-    comps = []
+    missing = recipe_contrast_missing(df, recipe, base_variant)
+    if missing:
+        c.reason = (f"the record does not contrast the recipe with the baseline: {recipe} against {base_variant} "
+                    f"differs {missing}; the claim is γ, eps and the gate changed together")
+        return c
+    rows = []
     for size in df.sort_values("n_params")["size"].unique():
         a = df[(df["size"] == size) & (df["variant"] == recipe)]
         b = df[(df["size"] == size) & (df["variant"] == base_variant)]
         if a.empty or b.empty:
             continue
-        comp = compare(a, b, metric, curve=LOSS_CURVE)
-        comps.append(comp)
-        _record(c, f"{size}: {recipe} vs {base_variant}", comp, A_LOWER)
+        rows.append((f"{size}: {recipe} vs {base_variant}", compare(a, b, metric, curve=LOSS_CURVE)))
+    comps = c.record_all(rows, A_LOWER)
     c.decide(comps, A_LOWER)
     if not comps:
         c.reason = f"{recipe} and {base_variant} never ran at the same size"
     return c
 
 
+def recipe_contrast_missing(df: pd.DataFrame, recipe: str, base: str) -> str:
+    """"" where the recipe differs from the baseline in γ (higher), eps (lower) and the gate
+    (on against off), as the paper's recipe does; else what it lacks, e.g. "in γ only"."""
+    a, b = df[df["variant"] == recipe].iloc[0], df[df["variant"] == base].iloc[0]
+    has = {"γ": a["gamma"] > b["gamma"], "eps": a["eps"] < b["eps"],
+           "the gate": a["gate"] != "none" and b["gate"] == "none"}
+    if all(has.values()):
+        return ""
+    got = [k for k, v in has.items() if v]
+    return f"in {' and '.join(got)} only" if got else "in none of γ, eps and the gate"
+
+
 def residual_claim(slopes: pd.DataFrame) -> Claim:
     c = Claim("The update-to-stream ratio scales as d^(1−γ): width-independent only at γ = 1",
-              "the residual update scales like d^(1−γ) relative to the identity path", NOT_RUN, "")
+              "the residual update scales like d^(1−γ) relative to the identity path", NOT_RUN, "", kind=CHECK)
     if slopes.empty:
         c.reason = "residual balance not computed"
         return c

@@ -77,6 +77,11 @@ class Context:
         return self.sweep.complete
 
     @cached_property
+    def dtype(self) -> str:
+        """What train.dtype resolved to over the compared trials, e.g. "bf16" or "bf16, fp32"."""
+        return ", ".join(sorted(str(x) for x in self.df["dtype"].dropna().unique())) or "not recorded"
+
+    @cached_property
     def unigram(self) -> float:
         return self.df["unigram_entropy"].mean()
 

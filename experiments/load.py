@@ -9,7 +9,9 @@ Vocabulary used by every module of the report:
 
 (An `arm` is something else: a recipe in conf/arm/, swept as the key `arm`.)
 
-Only COMPLETE trials enter the analysis; the others are counted in the scale table.
+Only COMPLETE trials enter the analysis; the others are counted in the scale table. Where the
+sweep ran select-then-confirm (a `role` column), only role=confirm trials are compared
+(tuning.py).
 """
 
 from __future__ import annotations
@@ -167,7 +169,13 @@ def load(dirs: list[Path], metric: str = LOSS) -> Sweep:
     done["gamma_curve"] = done["size"] + " | " + done["setting"]
     done["variant"] = "γ=" + done["gamma"].map(lambda g: f"{g:g}") + " | " + done["setting"]
     done["seed"] = done["init_seed"].astype(str) + "/" + done["train_seed"].astype(str)
-    tuned, tuning = tune(done.reset_index(drop=True), metric)
+    try:
+        tuned, tuning = tune(done.reset_index(drop=True), metric)
+    except ValueError as e:  # a role value other than tune/confirm
+        raise ReportError(str(e)) from None
+    if tuned.empty:
+        raise ReportError(f"{', '.join(str(d) for d in dirs)}: no role=confirm trial at a chosen setting yet "
+                          "(select-then-confirm: rerun the sweep's command to run the confirm stage)")
     return Sweep(dirs=list(dirs), results=results, complete=tuned.reset_index(drop=True), setting_cols=setting_cols,
                  tuning=tuning)
 

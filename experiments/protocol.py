@@ -15,7 +15,7 @@ from .load import Sweep
 from .render import Block
 from .stats import CONTRADICTED, INCONCLUSIVE, NOT_RUN, SUPPORTED
 from .tuning import chosen_label
-from .width import WidthTrend, width_text
+from .width import MIN_HEADS, WidthTrend, width_text
 
 
 def _g(x, fmt: str = ".4f") -> str:
@@ -66,7 +66,9 @@ def budget_section(sweep: Sweep, claims: list[Claim], figs, metric: str) -> tupl
                 continue
             items.append((n["label"], trend))
             rows.append({"comparison": n["label"], "final gap": _g(n.get("diff")),
-                         "95% interval": f"[{_g(n.get('lo'))}, {_g(n.get('hi'))}]", "pairs": n.get("n"),
+                         "95% interval": f"[{_g(n.get('lo'))}, {_g(n.get('hi'))}]",
+                         "sign-flip p": _g(n.get("p_signflip"), ".3g"),
+                         "Holm p against": _g(n.get("p_holm"), ".3g"), "pairs": n.get("n"),
                          "last quarter": ("held" if n.get("settled") else "changing" if n.get("settled") is False
                                           else "not checked"),
                          "verdict": n.get("verdict", "") + (" (side behind at its lr grid's edge)"
@@ -111,10 +113,13 @@ def width_section(trend: WidthTrend, figs) -> tuple[list[Block], dict]:
     blocks.append(Block("p", "At each width (fixed depth) the recipe and the baseline are compared at their own best "
                              "lr, paired by seed. Each seed's gaps are fitted with gap(d) = a + b·ln d; the slope's "
                              "95% interval is the t-interval over seeds, and the crossover band is the set of widths "
-                             "where the seeds' fitted gaps have an interval holding 0. " + width_text(trend)))
+                             "where the seeds' fitted gaps have an interval holding 0. Widths whose model has fewer than "
+                             f"{MIN_HEADS} attention heads are shown but not fitted. " + width_text(trend)))
     p = trend.points
+    heads = {"heads": p["n_heads"].map(lambda h: "?" if h is None or pd.isna(h) else f"{int(h)}"),
+             "in fit": p["fitted"].map({True: "yes", False: "no"})} if "fitted" in p else {}
     blocks.append(Block("table", pd.DataFrame({
-        "d_model": p["d_model"], "pairs": p["pairs"], "recipe − baseline": p["gap"].map(_g),
+        "d_model": p["d_model"], **heads, "pairs": p["pairs"], "recipe − baseline": p["gap"].map(_g),
         "95% interval": [f"[{_g(lo)}, {_g(hi)}]" for lo, hi in zip(p["lo"], p["hi"])],
         "lr recipe": p["lr_recipe"].map(_lrs), "lr baseline": p["lr_baseline"].map(_lrs), "verdict": p["verdict"],
     }), "Lr-optimal paired gap per width (negative: the recipe is better)."))

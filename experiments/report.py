@@ -35,7 +35,7 @@ SECTIONS = (S.header, S.tuning, S.failures, S.verdicts, S.budget, S.loss_vs_gamm
             S.effective_size, S.tokens, M.mechanism, M.residual_balance, S.optuna_importances, S.evidence)
 # summary.json keeps one key order, so that a rebuilt report diffs cleanly against the
 # committed docs/results/*/summary.json.
-SUMMARY_KEYS = ("sweep", "dirs", "metric", "generated", "scale", "best_gamma", "cells", "effective_size", "tokens",
+SUMMARY_KEYS = ("sweep", "dirs", "metric", "dtype", "generated", "scale", "best_gamma", "cells", "effective_size", "tokens",
                 "residual_balance", "importances", "anchor", "tuning", "budget", "width_trend", "claims",
                 "figures", "build_s")
 
@@ -79,7 +79,7 @@ def build(dirs: list[Path], out_root: Path = Path("reports"), baseline_gamma: fl
         section_blocks, part = section(ctx)
         blocks += section_blocks
         parts.update(part)
-    parts.update(figures=ctx.figs.as_dicts(), build_s=time.time() - t0)
+    parts.update(dtype=ctx.dtype, figures=ctx.figs.as_dicts(), build_s=time.time() - t0)
     summary = dict(sorted(parts.items(), key=lambda kv: SUMMARY_KEYS.index(kv[0])))
     (out / "report.md").write_text(to_markdown(blocks))
     (out / "index.html").write_text(to_html(blocks, f"smallinit report: {sweep.name}", out))

@@ -52,9 +52,14 @@ the experiment sweeps one); arms are paired by seed at that lr; a difference is 
 its 95% t-interval excludes 0, the sign of the mean gap held over the last quarter of
 training, and the side behind did not choose the smallest or largest lr tried (a wider grid
 could only lower its loss). **supported**: every comparison real in the predicted direction;
-**contradicted**: one real in the opposite direction; **inconclusive**: the rest (one seed, a
+**contradicted**: one real in the opposite direction after Holm's correction over the claim's
+comparisons (one-sided α = 0.025); **inconclusive**: the rest (one seed, a
 ranking still changing, the side behind at its lr grid's edge, or a null, stated with the
-smallest effect the data excludes); **not run**: nothing to compare.
+smallest effect the data excludes); **not run**: nothing to compare, or the record lacks the
+claim's contrast. Each comparison shows its exact sign-flip p beside the t-interval. Where a
+sweep ran select-then-confirm, the lr is chosen on tuning seeds and only confirm seeds are
+compared. A summary whose comparisons carry no `p_holm` was judged before Holm's correction
+joined the rule, on the seeds that chose its lrs; its verdicts are shown as recorded.
 
 Records marked *previous protocol* were run before this rule: one learning rate, 60-step budgets,
 and other verdict words ("not supported" then covered both a reversal and a null with 5+ seed
@@ -73,6 +78,24 @@ ONE_LR = ("> *One learning rate*: judged by the current rule (verdict words, ran
 def is_current(s: dict) -> bool:
     """A summary written under the current rule (it records its tuning)."""
     return "tuning" in s
+
+
+def dtype_of(s: dict) -> str:
+    """What train.dtype resolved to: the summary's own `dtype`, else (older summaries) the scale
+    table's per-size dtypes."""
+    if s.get("dtype"):
+        return s["dtype"]
+    seen = sorted({d.strip() for r in s["scale"]["table"] for d in str(r.get("dtype", "")).split(",") if d.strip()})
+    return ", ".join(x for x in seen if x != "not recorded") or "not recorded"
+
+
+# The deterministic measurement at init (claims.residual_claim): listed apart from the verdicts.
+# Older summaries carry no `kind`; their check is known by its claim.
+CHECK_CLAIMS = ("The update-to-stream ratio scales as d^(1−γ)",)
+
+
+def is_check(c: dict) -> bool:
+    return c.get("kind", "check at init" if c["claim"].startswith(CHECK_CLAIMS) else "verdict") == "check at init"
 
 
 def protocol_of(s: dict) -> str:
@@ -125,7 +148,8 @@ def section(name: str, s: dict, reading: str | None, command: str | None = None)
         out += [PREVIOUS_PROTOCOL, ""]
     elif protocol_of(s) == "one lr":
         out += [ONE_LR, ""]
-    out += [f"**Scale.** {sc['trials']} trials ({states}), {sc['wall_s'] / 60:.1f} min of training in all.", ""]
+    out += [f"**Scale.** {sc['trials']} trials ({states}), {sc['wall_s'] / 60:.1f} min of training in all; "
+            f"dtype {dtype_of(s)}.", ""]
     out += [_table(list(sc["table"][0]), [list(r.values()) for r in sc["table"]]), ""]
     if is_current(s):
         out += protocol_lines(s)
@@ -159,7 +183,12 @@ def section(name: str, s: dict, reading: str | None, command: str | None = None)
                         for g in es.get("gains") or []]), ""]
 
     out += ["**Claims.**", ""]
-    out += [_table(["claim", "verdict", "why"], [[c["claim"], f"**{c['verdict']}**", c["reason"]] for c in s["claims"]]), ""]
+    out += [_table(["claim", "verdict", "why"], [[c["claim"], f"**{c['verdict']}**", c["reason"]]
+                                                 for c in s["claims"] if not is_check(c)]), ""]
+    checks = [c for c in s["claims"] if is_check(c)]
+    if checks:
+        out += ["**Checks at init** (deterministic, no training; not verdicts on trained models):", ""]
+        out += [_table(["check", "result", "why"], [[c["claim"], c["verdict"], c["reason"]] for c in checks]), ""]
     for c in s["claims"]:
         if c["evidence"] and c["verdict"] not in ("not enough data", "not run") or c["numbers"]:
             out += [f"<details><summary>{c['claim']}: evidence</summary>", ""]
@@ -188,8 +217,7 @@ def protocol_lines(s: dict) -> list[str]:
     if budget.get("comparisons"):
         out += ["**Over training.** Every loss comparison's final paired gap, and whether its sign held over the "
                 "last quarter of training:", ""]
-        out += [_table(["comparison", "final gap", "95% interval", "pairs", "last quarter", "verdict"],
-                       [list(r.values()) for r in budget["comparisons"]]), ""]
+        out += [_table(list(budget["comparisons"][0]), [list(r.values()) for r in budget["comparisons"]]), ""]
     if budget.get("below_unigram"):
         out += ["**Below the unigram entropy** (nats/token; each arm at its chosen lr, seed means):", ""]
         out += [_table(["size", "variant", "lr", "seeds", "dtype", "loss", "unigram entropy", "below unigram"],
@@ -198,12 +226,17 @@ def protocol_lines(s: dict) -> list[str]:
     w = s.get("width_trend")
     if w and w.get("points"):
         out += ["**Width trend**: recipe − baseline at each width, each arm at its own best lr, paired by seed:", ""]
-        out += [_table(["d_model", "pairs", "recipe − baseline", "95% interval", "lr recipe", "lr baseline", "verdict"],
-                       [[str(p["d_model"]), str(p["pairs"]), _fmt(p["gap"]), f"[{_fmt(p['lo'])}, {_fmt(p['hi'])}]",
+        heads = "fitted" in w["points"][0]  # older summaries fitted every width and say nothing of heads
+        out += [_table(["d_model", *(["heads", "in fit"] if heads else []), "pairs", "recipe − baseline", "95% interval",
+                        "lr recipe", "lr baseline", "verdict"],
+                       [[str(p["d_model"]), *([_fmt(p["n_heads"], "d"), "yes" if p["fitted"] else "no"] if heads else []),
+                         str(p["pairs"]), _fmt(p["gap"]), f"[{_fmt(p['lo'])}, {_fmt(p['hi'])}]",
                          _lr(p["lr_recipe"]), _lr(p["lr_baseline"]), p["verdict"]] for p in w["points"]]), ""]
+        fit_note = f" {w['fit_note'][:1].upper()}{w['fit_note'][1:]}." if w.get("fit_note") else ""
         if w["status"] == "fit":
             out += [f"Fit gap(d) = a + b·ln d per seed ({w['seeds']} seeds): slope b = {w['slope']:+.4f} nats per e-fold "
-                    f"of width, 95% interval [{w['slope_lo']:+.4f}, {w['slope_hi']:+.4f}]; {w['crossover_note']}.", ""]
+                    f"of width, 95% interval [{w['slope_lo']:+.4f}, {w['slope_hi']:+.4f}]; {w['crossover_note']}."
+                    + fit_note, ""]
         else:
             out += [f"No fit: {w['status']}.", ""]
     return out
@@ -228,17 +261,19 @@ def render(docs: Path) -> str:
     for name in EXPERIMENTS:
         path = docs / "results" / name / "summary.json"
         if not path.exists():
-            rows.append([name, "not run", "–"])
+            rows.append([name, "not run", "–", "–", "–"])
             continue
         s = json.loads(path.read_text())
         reading_path, command_path = path.parent / "reading.md", path.parent / "command.txt"
         sections.append(section(name, s, reading_path.read_text() if reading_path.exists() else None,
                                 command_path.read_text().strip() if command_path.exists() else None))
-        shown = [c for c in s["claims"] if c["verdict"] not in ("not enough data", "not run")]
+        shown = [c for c in s["claims"] if c["verdict"] not in ("not enough data", "not run") and not is_check(c)]
         verdicts = "; ".join(f"{c['claim']}: **{c['verdict']}**" for c in shown) or "nothing decided"
-        rows.append([f"[{name}](#{name})", protocol_of(s),
+        rows.append([f"[{name}](#{name})", protocol_of(s), dtype_of(s),
                      f"{s['scale']['complete']} of {s['scale']['trials']}", verdicts])
-    parts += ["## Summary", "", _table(["experiment", "protocol", "complete trials", "verdicts"], rows), ""]
+    parts += ["## Summary", "", _table(["experiment", "protocol", "dtype", "complete trials", "verdicts"], rows),
+              "", "Checks at init (deterministic measurements of the untrained models) are listed in each "
+              "record, apart from these verdicts.", ""]
     parts += sections
     return "\n".join(parts).rstrip() + "\n"
 
@@ -267,9 +302,57 @@ def collect(reports: Path, docs: Path) -> list[str]:
     return done
 
 
+# Verdict words, longest first so that "not supported" is not also read as "supported".
+VERDICT_WORDS = ("not enough data", "not supported", "not run", "supported", "contradicted", "inconclusive")
+_NUMBER = re.compile(r"(?<![\w.^])([+-]?)(\d[\d,]*(?:\.\d+)?)")
+
+
 def numbers_in(text: str) -> set[str]:
-    """Decimal numbers with 2+ places, as written: what a reader would check against a summary."""
+    """Every number as written, integers and decimals of any length: "+0.0634", "3", "327,680",
+    "0.74" (of "0.74M"). A minus sign (− or -) or plus is kept; digits inside a word (fp32, L=4's
+    "4" is kept: it follows "=") and exponents after ^ are not numbers a reader checks."""
+    out = set()
+    for sign, digits in _NUMBER.findall(text.replace("−", "-")):
+        out.add(sign + digits.rstrip(","))
+    return out
+
+
+def decimals_in(text: str) -> set[str]:
+    """Decimal numbers with 2+ places, as written (the changes note's check)."""
     return set(re.findall(r"[+-]?\d+\.\d{2,}", text))
+
+
+def verdicts_in(text: str) -> set[str]:
+    """The verdict words a text uses."""
+    found, rest = set(), text.lower()
+    for word in VERDICT_WORDS:
+        hits = re.findall(rf"\b{word}\b", rest)
+        if hits:
+            found.add(word)
+            rest = re.sub(rf"\b{word}\b", " ", rest)
+    return found
+
+
+def stray(reading: str, generated: str) -> list[str]:
+    """The numbers and verdict words of a reading that its generated section does not show.
+    A number written without a sign matches the section's number with either sign; "28%"
+    matches a shown fraction that rounds to it (0.280); numbers inside `code` (a command, a
+    config key) are not measurements and are not checked."""
+    prose = re.sub(r"`[^`]*`", " ", reading)
+    shown = numbers_in(generated)
+    fractions = [float(x.replace(",", "")) for x in shown]
+    percents = re.findall(r"(?<![\w.])(\d+(?:\.\d+)?)%", prose.replace("−", "-"))
+
+    def ok(n: str) -> bool:
+        if n in shown or (n[0] not in "+-" and {f"+{n}", f"-{n}"} & shown):
+            return True
+        if n.lstrip("+-") in percents:  # quoted as a percentage of a shown fraction
+            k = len(n.split(".")[1]) if "." in n else 0
+            return any(round(100 * abs(x), k) == abs(float(n.replace(",", ""))) for x in fractions)
+        return False
+
+    out = [n for n in sorted(numbers_in(prose)) if not ok(n)]
+    return out + sorted(verdicts_in(prose) - verdicts_in(generated))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -121,10 +121,18 @@ def failures(ctx: Context) -> Part:
 
 
 def verdicts(ctx: Context) -> Part:
-    table = pd.DataFrame([dict(claim=c.claim, verdict=c.verdict, why=c.reason) for c in ctx.claims])
-    return [Block("h2", "The paper's claims, as this data supports them"),
-            Block("verdicts", table, "Details and numbers under 'Evidence for each claim' at the end.")], \
-        dict(claims=[c.as_dict() for c in ctx.claims])
+    from .claims import CHECK
+
+    def table(checks: bool) -> pd.DataFrame:
+        return pd.DataFrame([dict(claim=c.claim, verdict=c.verdict, why=c.reason) for c in ctx.claims
+                             if (c.kind == CHECK) == checks])
+
+    blocks = [Block("h2", "The paper's claims, as this data supports them"),
+              Block("verdicts", table(False), "Details and numbers under 'Evidence for each claim' at the end.")]
+    if not table(True).empty:  # deterministic measurements at init: not verdicts on trained models
+        blocks.append(Block("verdicts", table(True), "Checks at init (deterministic, no training): listed apart "
+                                                     "from the verdicts."))
+    return blocks, dict(claims=[c.as_dict() for c in ctx.claims])
 
 
 def budget(ctx: Context) -> Part:

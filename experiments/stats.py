@@ -14,9 +14,13 @@ Each loss comparison is at each side's own best lr (tuning.py). Where the side b
 smallest or largest lr tried, a wider grid can only lower its loss and so shrink the gap: the
 difference is not called real until that grid is widened.
 
-Verdicts: supported (every comparison real in the predicted direction, rankings settled),
-contradicted (one real and settled in the opposite direction), inconclusive (the rest, with
-the smallest effect the data excludes), not run (nothing to compare).
+Verdicts: supported (every comparison real in the predicted direction, rankings settled: an
+intersection-union test, which needs no correction for the number of comparisons),
+contradicted (one real and settled in the opposite direction after Holm's correction over the
+claim's comparisons: the one-sided t p against the claim, adjusted, at most ALPHA_ONE_SIDED),
+inconclusive (the rest, with the smallest effect the data excludes), not run (nothing to
+compare). Each paired comparison also carries an exact sign-flip p (no normality assumed),
+shown beside the t-interval; with n pairs it cannot go below 2/2^n (0.25 at n = 3).
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ import pandas as pd
 from scipy import stats
 
 from .load import SEED_COLS, read_metrics
-from .tuning import EDGE_COL, OPTIM_COLS
+from .tuning import EDGE_COL, OPTIM_COLS, ROLE_COL, TUNE_SEEDS_COL
 
 ONE_SEED = "one seed"
 WITHIN = "within spread"
@@ -41,6 +45,12 @@ SUPPORTED, CONTRADICTED, INCONCLUSIVE, NOT_RUN = "supported", "contradicted", "i
 VERDICTS = (SUPPORTED, CONTRADICTED, INCONCLUSIVE, NOT_RUN)
 # The ranking must hold over this last fraction of training to count.
 SETTLE_FRACTION = 0.25
+# One tail of the two-sided 95% interval: "contradicted" needs the Holm-adjusted one-sided p
+# against the claim at or below this.
+ALPHA_ONE_SIDED = 0.025
+# Up to this many pairs the sign-flip p enumerates all 2^n flips; above, it samples them.
+SIGNFLIP_EXACT_MAX = 16
+SIGNFLIP_DRAWS = 200_000
 
 
 @dataclass
@@ -65,6 +75,20 @@ class Comparison:
     # A real loss difference whose side behind chose an lr at the edge of its grid: which side
     # and why ("" otherwise). Such a difference is not counted until the grid is widened.
     edge_behind: str = ""
+    # Paired: the per-pair differences A - B. The t-test's one-sided p for A < B and for A > B,
+    # and the exact sign-flip p (two-sided) of the differences' mean.
+    diffs: list[float] | None = None
+    p_lower: float | None = None
+    p_higher: float | None = None
+    p_signflip: float | None = None
+    # Set by judge() over the claim's comparisons: the one-sided p against the claim's
+    # prediction, and that p after Holm's correction over the claim's comparisons.
+    p_against: float | None = None
+    p_holm: float | None = None
+    # Select-then-confirm records (a `role` column): the confirm seed pairs compared, and the
+    # seeds that chose each side's lr. None: no roles; the lr was chosen on the compared seeds.
+    n_confirm: int | None = None
+    tune_seeds: list[str] | None = None
 
     @property
     def excluded(self) -> float:
@@ -84,7 +108,13 @@ class Comparison:
         if self.status == ONE_SEED:
             return f"{self.diff:+.4f} {unit} (one seed: no interval)"
         kind = "paired" if self.paired else "unpaired"
-        txt = f"{self.diff:+.4f} {unit} [{self.lo:+.4f}, {self.hi:+.4f}] ({kind}, n={self.n})"
+        txt = f"{self.diff:+.4f} {unit} [{self.lo:+.4f}, {self.hi:+.4f}] ({kind}, n={self.n})".replace("  ", " ")
+        if self.p_signflip is not None:
+            txt += f", sign-flip p = {self.p_signflip:.3g}"
+        if self.p_holm is not None and self.p_against is not None and self.p_against < ALPHA_ONE_SIDED:
+            txt += f"; against the claim p = {self.p_against:.3g}, Holm-adjusted {self.p_holm:.3g}"
+        if self.tune_seeds is not None:
+            txt += f"; lr chosen on seed(s) {', '.join(self.tune_seeds) or 'none'}"
         if self.optim_a or self.optim_b:
             txt += f"; at {_optim_text(self.optim_a)} vs {_optim_text(self.optim_b)}"
         if self.settle_note:
@@ -114,6 +144,75 @@ def t_interval(d: np.ndarray) -> tuple[float, float, float]:
     return m, m - half, m + half
 
 
+def t_pvalues(d) -> tuple[float, float]:
+    """The paired t-test's one-sided p-values (for mean < 0, for mean > 0); nan with < 2 pairs.
+    Their smaller one is below 0.025 exactly when the 95% t-interval excludes 0 on that side."""
+    d = np.asarray(d, dtype=float)
+    if len(d) < 2:
+        return float("nan"), float("nan")
+    m, sd = float(d.mean()), float(d.std(ddof=1))
+    if sd == 0:
+        return (0.0, 1.0) if m < 0 else (1.0, 0.0) if m > 0 else (1.0, 1.0)
+    t = m / (sd / math.sqrt(len(d)))
+    return float(stats.t.cdf(t, len(d) - 1)), float(stats.t.sf(t, len(d) - 1))
+
+
+def signflip_p(d, alternative: str = "two-sided") -> float:
+    """Exact permutation p of the paired differences' mean over all 2^n sign flips (under the
+    null each difference is as likely to have either sign). `alternative`: "two-sided", "less"
+    (mean < 0) or "greater". Ties with the observed mean count as at least as extreme. Above
+    SIGNFLIP_EXACT_MAX pairs the flips are sampled (seeded): (1 + hits) / (1 + draws)."""
+    if alternative not in ("two-sided", "less", "greater"):
+        raise ValueError(f"alternative={alternative!r} is invalid: must be two-sided, less or greater")
+    d = np.asarray(d, dtype=float)
+    n = len(d)
+    if n == 0:
+        return float("nan")
+    if n <= SIGNFLIP_EXACT_MAX:
+        bits = (np.arange(2**n)[:, None] >> np.arange(n)) & 1  # (2^n, n): every sign pattern once
+        signs = 1 - 2 * bits
+    else:
+        signs = np.random.default_rng(0).choice([-1, 1], size=(SIGNFLIP_DRAWS, n))
+    sums, obs = signs @ d, float(d.sum())
+    tol = 1e-9 * max(1.0, float(np.abs(d).sum()))  # float sums of the same terms in another order
+    if alternative == "two-sided":
+        hits = np.abs(sums) >= abs(obs) - tol
+    elif alternative == "less":
+        hits = sums <= obs + tol
+    else:
+        hits = sums >= obs - tol
+    if n <= SIGNFLIP_EXACT_MAX:
+        return float(hits.mean())
+    return float((1 + hits.sum()) / (1 + len(sums)))
+
+
+def holm(pvalues) -> list[float]:
+    """Holm's step-down adjusted p-values, in the input order: the k-th smallest of m is
+    multiplied by (m - k + 1), made non-decreasing along that order and capped at 1. Calling a
+    hypothesis false where its adjusted p <= alpha keeps the family-wise error at most alpha."""
+    p = np.asarray(pvalues, dtype=float)
+    bad = [x for x in p if not 0 <= x <= 1]
+    if bad:
+        raise ValueError(f"holm: p-value {float(bad[0])!r} is invalid: each must be in [0, 1]")
+    adjusted, running = np.empty(len(p)), 0.0
+    for k, i in enumerate(np.argsort(p, kind="stable")):
+        running = max(running, min(1.0, (len(p) - k) * float(p[i])))
+        adjusted[i] = running
+    return adjusted.tolist()
+
+
+def judge(comparisons: list[Comparison], wants: list[str] | str) -> None:
+    """Set p_against (the one-sided p against each comparison's predicted direction) and p_holm
+    (Holm over these comparisons, the claim's family) on every comparison run. A comparison
+    with no p (one seed) counts in the family as p = 1: it was run, it cannot reject."""
+    wants = [wants] * len(comparisons) if isinstance(wants, str) else list(wants)
+    run = [(c, w) for c, w in zip(comparisons, wants) if c.n > 0]
+    against = [c.p_higher if w == A_LOWER else c.p_lower for c, w in run]
+    against = [1.0 if p is None or not math.isfinite(p) else p for p in against]
+    for (c, _), p, adj in zip(run, against, holm(against)):
+        c.p_against, c.p_holm = p, adj
+
+
 def _status(n: int, lo: float, hi: float) -> str:
     if n < 2 or not math.isfinite(lo):
         return ONE_SEED
@@ -128,7 +227,16 @@ def from_diffs(d, mean_a: float = float("nan"), mean_b: float = float("nan")) ->
     """A Comparison from per-seed-pair differences already computed."""
     d = np.asarray(d, dtype=float)
     m, lo, hi = t_interval(d) if len(d) else (float("nan"),) * 3
-    return Comparison(len(d), mean_a, mean_b, m, lo, hi, True, _status(len(d), lo, hi))
+    return _with_p(Comparison(len(d), mean_a, mean_b, m, lo, hi, True, _status(len(d), lo, hi)), d)
+
+
+def _with_p(c: Comparison, d: np.ndarray) -> Comparison:
+    """Fill the paired comparison's differences and p-values."""
+    c.diffs = [float(x) for x in d]
+    if len(d) >= 2:
+        c.p_lower, c.p_higher = t_pvalues(d)
+        c.p_signflip = signflip_p(d)
+    return c
 
 
 def compare(a: pd.DataFrame, b: pd.DataFrame, value: str, pair_cols=SEED_COLS, curve: str | None = None) -> Comparison:
@@ -148,7 +256,55 @@ def compare(a: pd.DataFrame, b: pd.DataFrame, value: str, pair_cols=SEED_COLS, c
         edges = sorted({e for e in behind.get(EDGE_COL, pd.Series(dtype=str)).dropna() if e})
         if edges:
             c.edge_behind = f"the side behind ({side}) is at the edge of its grid: {'; '.join(edges)}"
+    return _roles(c, (a, b))
+
+
+def _roles(c: Comparison, frames) -> Comparison:
+    """Select-then-confirm records: the confirm pairs compared and the seeds that chose the lrs."""
+    if any(ROLE_COL in f and f[ROLE_COL].notna().any() for f in frames):
+        c.n_confirm = c.n
+        c.tune_seeds = sorted({s.strip() for f in frames for v in f.get(TUNE_SEEDS_COL, pd.Series(dtype=str)).dropna()
+                               for s in str(v).split(",") if s.strip()}, key=_seed_order)
     return c
+
+
+def _seed_order(label: str):
+    head = label.split("/")[0]
+    return (0, int(head), label) if head.lstrip("-").isdigit() else (1, 0, label)
+
+
+def interaction(a1: pd.DataFrame, b1: pd.DataFrame, a0: pd.DataFrame, b0: pd.DataFrame, value: str,
+                pair_cols=SEED_COLS, curve: str | None = None) -> Comparison:
+    """(A1 - B1) - (A0 - B0) per seed shared by all four: how much more A beats B in one context
+    (1) than in another (0), e.g. the gate's gain at γ = 1 minus its gain at γ = 0.5. With
+    `curve`, the same contrast at every evaluation and whether its sign held."""
+    frames = [f[np.isfinite(f[value].astype(float))] for f in (a1, b1, a0, b0)]
+    cols = list(pair_cols)
+    means = [f.groupby(cols)[value].mean() for f in frames]
+    shared = means[0].index
+    for m in means[1:]:
+        shared = shared.intersection(m.index)
+    d = ((means[0].loc[shared] - means[1].loc[shared]) - (means[2].loc[shared] - means[3].loc[shared])).to_numpy(float)
+    c = from_diffs(d)
+    if len(d) == 0:
+        c.status = ONE_SEED
+        return c
+    if curve:
+        cs = [_curves(f, curve, cols) for f in frames]
+        if all(len(x) for x in cs):
+            joined = pd.concat(dict(zip("abcd", cs)), axis=1).dropna()
+            trend = []
+            for step, g in joined.groupby(level="step"):
+                m, lo, hi = t_interval(((g["a"] - g["b"]) - (g["c"] - g["d"])).to_numpy())
+                trend.append(dict(step=int(step), n=len(g), diff=m, lo=lo if math.isfinite(lo) else None,
+                                  hi=hi if math.isfinite(hi) else None))
+            c.over_training = trend or None
+            c.settled, c.settle_note = settled(c.over_training, c.diff)
+        edges = sorted({e for f in frames for e in f.get(EDGE_COL, pd.Series(dtype=str)).dropna() if e})
+        if edges and c.status in (A_HIGHER, A_LOWER):
+            # Any of the four cells at its grid's edge could move the contrast either way.
+            c.edge_behind = f"a cell is at the edge of its lr grid: {'; '.join(edges)}"
+    return _roles(c, frames)
 
 
 def _compare(a: pd.DataFrame, b: pd.DataFrame, value: str, pair_cols) -> Comparison:
@@ -162,8 +318,8 @@ def _compare(a: pd.DataFrame, b: pd.DataFrame, value: str, pair_cols) -> Compari
     if len(shared) > 0:
         d = (ma.loc[shared] - mb.loc[shared]).to_numpy(dtype=float)
         m, lo, hi = t_interval(d)
-        return Comparison(len(d), float(ma.loc[shared].mean()), float(mb.loc[shared].mean()), m, lo, hi, True,
-                          _status(len(d), lo, hi))
+        return _with_p(Comparison(len(d), float(ma.loc[shared].mean()), float(mb.loc[shared].mean()), m, lo, hi,
+                                  True, _status(len(d), lo, hi)), d)
     xa, xb = ma.to_numpy(dtype=float), mb.to_numpy(dtype=float)
     diff = float(xa.mean() - xb.mean())
     n = min(len(xa), len(xb))
@@ -173,8 +329,11 @@ def _compare(a: pd.DataFrame, b: pd.DataFrame, value: str, pair_cols) -> Compari
     se = math.sqrt(va + vb)
     dof = (va + vb) ** 2 / (va**2 / (len(xa) - 1) + vb**2 / (len(xb) - 1)) if se > 0 else 1.0
     half = stats.t.ppf(0.975, dof) * se
-    return Comparison(n, float(xa.mean()), float(xb.mean()), diff, diff - half, diff + half, False,
-                      _status(n, diff - half, diff + half))
+    c = Comparison(n, float(xa.mean()), float(xb.mean()), diff, diff - half, diff + half, False,
+                   _status(n, diff - half, diff + half))
+    if se > 0:  # Welch's one-sided p-values; no sign flips without pairs
+        c.p_lower, c.p_higher = float(stats.t.cdf(diff / se, dof)), float(stats.t.sf(diff / se, dof))
+    return c
 
 
 def _curves(frame: pd.DataFrame, key: str, pair_cols) -> pd.DataFrame:
@@ -240,37 +399,55 @@ def settled(trend: list[dict] | None, final: float | None = None,
 
 
 def outcome(c: Comparison, want: str) -> str:
-    """One comparison's own verdict."""
+    """One comparison's own verdict. Against the claim it counts only if it survives Holm over
+    the claim's comparisons (judge(); before that, a family of one: the interval's own rule)."""
     against = A_HIGHER if want == A_LOWER else A_LOWER
     if c.n == 0:
         return NOT_RUN
-    if (c.status == ONE_SEED or c.settled is False or (c.over_training is not None and c.settled is None)
-            or c.edge_behind):
+    if not _counts(c):
         return INCONCLUSIVE
     if c.status == against:
-        return CONTRADICTED
+        return CONTRADICTED if c.p_holm is None or c.p_holm <= ALPHA_ONE_SIDED else INCONCLUSIVE
     if c.status == want:
         return SUPPORTED
     return INCONCLUSIVE
+
+
+def _counts(c: Comparison) -> bool:
+    """A difference that may count: an interval, a ranking that held (where checked), the side
+    behind inside its lr grid."""
+    return not (c.status == ONE_SEED or c.settled is False or (c.over_training is not None and c.settled is None)
+                or c.edge_behind)
 
 
 def verdict(comparisons: list[Comparison], want: str, unit: str = "nats") -> tuple[str, str]:
     """Aggregate comparisons that a claim predicts all come out `want` (A_LOWER or A_HIGHER).
 
     supported: every one is real, settled and in the predicted direction. contradicted: one is
-    real and settled in the opposite direction. not run: none. Otherwise inconclusive, saying
-    why and which effects the data excludes."""
+    real and settled in the opposite direction after Holm over the comparisons (unless a claim
+    judged a larger family first). not run: none. Otherwise inconclusive, saying why and which
+    effects the data excludes."""
     comparisons = [c for c in comparisons if c.n > 0]
     if not comparisons:
         return NOT_RUN, "no arms to compare"
+    if any(c.p_holm is None for c in comparisons):
+        judge(comparisons, want)
     outcomes = [outcome(c, want) for c in comparisons]
     held = " (rankings held over the last quarter of training)" if any(c.settled for c in comparisons) else ""
     if CONTRADICTED in outcomes:
         k = outcomes.count(CONTRADICTED)
-        return CONTRADICTED, f"{k} of {len(comparisons)} difference(s) real in the opposite direction{held}"
+        p = min(c.p_holm for c, o in zip(comparisons, outcomes) if o == CONTRADICTED)
+        return CONTRADICTED, (f"{k} of {len(comparisons)} difference(s) real in the opposite direction, after Holm "
+                              f"over the claim's comparisons (adjusted one-sided p = {p:.3g} ≤ {ALPHA_ONE_SIDED}){held}")
     if all(o == SUPPORTED for o in outcomes):
         return SUPPORTED, f"every difference exceeds its seed spread in the predicted direction{held}"
     why = []
+    against = A_HIGHER if want == A_LOWER else A_LOWER
+    corrected = [c for c in comparisons if c.status == against and _counts(c)]  # only Holm stopped them
+    if corrected:
+        p = min(c.p_holm for c in corrected)
+        why.append(f"{len(corrected)} beyond the seed spread in the opposite direction, but not after Holm over "
+                   f"the claim's comparisons (adjusted one-sided p = {p:.3g} > {ALPHA_ONE_SIDED})")
     one = [c for c in comparisons if c.status == ONE_SEED]
     moving = [c for c in comparisons if c.settled is False and c.status != ONE_SEED]
     unchecked = [c for c in comparisons if c.over_training is not None and c.settled is None and c.status != ONE_SEED]

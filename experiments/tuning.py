@@ -8,6 +8,12 @@ with the lowest seed-mean loss are chosen, and only those trials enter the compa
 are then paired by seed at that choice. A choice at the smallest or largest value tried is
 flagged: the optimum may lie outside the grid. The kept trials carry the flag (EDGE_COL), so a
 comparison can tell when the arm behind might close the gap on a wider grid (stats.py).
+
+Select, then confirm: where the results carry a `role` column (sweeper/protocol.py), each cell's
+choice is made on its role=tune trials only and the comparisons keep only its role=confirm trials
+at that choice, so the seeds that chose the lr are not the seeds that are compared. The kept
+trials carry the seeds that chose (TUNE_SEEDS_COL). Without the column (older records) the
+choice is made on the compared seeds themselves, as before.
 """
 
 from __future__ import annotations
@@ -22,6 +28,18 @@ OPTIM_COLS = ("lr", "weight_decay")
 CELL = ("size", "setting", "gamma")
 # On each kept trial: why its cell's choice sits at the edge of the grid ("" when inside it).
 EDGE_COL = "optim_edge"
+# Select-then-confirm roles (sweeper/protocol.py writes them), and on each kept trial the seeds
+# ("init/train", or one number where they agree) whose tune trials chose its cell's settings.
+ROLE_COL, TUNE, CONFIRM = "role", "tune", "confirm"
+TUNE_SEEDS_COL = "tune_seeds"
+
+
+def has_roles(df: pd.DataFrame) -> bool:
+    return ROLE_COL in df and df[ROLE_COL].notna().any()
+
+
+def seed_label(init_seed, train_seed) -> str:
+    return f"{int(init_seed)}" if int(init_seed) == int(train_seed) else f"{int(init_seed)}/{int(train_seed)}"
 
 
 @dataclass
@@ -29,6 +47,8 @@ class Tuning:
     axes: list[str]  # the optimiser columns that vary within some cell (empty: one setting)
     chosen: pd.DataFrame  # per cell: the chosen value of each axis, its loss, the grid, edge flags
     all_trials: pd.DataFrame  # every complete trial, every lr (for the per-lr figure)
+    roles: bool = False  # chosen on role=tune trials, compared on role=confirm ones
+    unassigned: int = 0  # with roles: complete trials with neither role (left out)
 
     @property
     def edges(self) -> pd.DataFrame:
@@ -46,10 +66,22 @@ class Tuning:
                     "which mixes the init's effect with the lr's. Sweep optim.lr (3+ values over 10x) to compare each "
                     "setting at its own best lr.")
         n_edge = int(self.chosen["at_edge"].sum())
-        txt = (f"Each (size, setting, γ) is compared at its own best {' and '.join(self.axes)} (lowest seed mean "
-               f"among the values where every seed completed); comparisons are paired by seed at that choice. The "
-               f"choice is made on the same seeds it is then compared on, which flatters every arm a little, "
-               f"each by the same rule.")
+        if self.roles:
+            tune = sorted({s for v in self.chosen[TUNE_SEEDS_COL] for s in v}, key=_seed_key)
+            txt = (f"Each (size, setting, γ) is compared at its own best {' and '.join(self.axes)}, chosen on the "
+                   f"tuning seed(s) {', '.join(tune) or 'none'} (lowest seed mean among the values where every "
+                   f"tuning seed completed); the comparisons use only the confirm seeds at that choice, paired by "
+                   f"seed, so no compared seed chose its lr.")
+            missing = int((self.chosen["n_confirm"] == 0).sum())
+            if missing:
+                txt += f" {missing} of {len(self.chosen)} choices have no confirm trial at the chosen value yet."
+            if self.unassigned:
+                txt += f" {self.unassigned} complete trial(s) with neither role are left out."
+        else:
+            txt = (f"Each (size, setting, γ) is compared at its own best {' and '.join(self.axes)} (lowest seed mean "
+                   f"among the values where every seed completed); comparisons are paired by seed at that choice. "
+                   f"The choice is made on the same seeds it is then compared on, which flatters every arm a "
+                   f"little, each by the same rule.")
         if n_edge:
             txt += f" {n_edge} of {len(self.chosen)} choices sit at the edge of the grid: widen it."
         return txt
@@ -80,16 +112,33 @@ def _axes(df: pd.DataFrame) -> list[str]:
     return [c for c in present if df.groupby(list(CELL))[_key(c)].nunique().max() > 1]
 
 
+def _seed_key(label: str):
+    return tuple(int(x) for x in label.split("/"))
+
+
 def tune(df: pd.DataFrame, metric: str) -> tuple[pd.DataFrame, Tuning]:
     """df (complete trials, labelled) -> (the trials at each cell's best optimiser settings,
-    the record of what was chosen)."""
+    the record of what was chosen). With roles: chosen on tune trials, confirm trials kept."""
+    roles = has_roles(df)
+    if roles:
+        bad = sorted({str(v) for v in df[ROLE_COL].dropna().unique()} - {TUNE, CONFIRM})
+        if bad:
+            raise ValueError(f"results column {ROLE_COL}={bad[0]!r} is invalid: must be {TUNE!r} or {CONFIRM!r}")
     keyed = _with_keys(df)
     axes = _axes(keyed)
+    unassigned = int(df[ROLE_COL].isna().sum()) if roles else 0
     if not axes:
-        return df, Tuning(axes=[], chosen=pd.DataFrame(), all_trials=df)
+        kept = df[df[ROLE_COL] == CONFIRM] if roles else df
+        return kept, Tuning(axes=[], chosen=pd.DataFrame(), all_trials=df, roles=roles, unassigned=unassigned)
     keys = [_key(c) for c in axes]
     keep, rows = [], []
-    for cell, g in keyed.groupby(list(CELL), sort=False):
+    for cell, cell_rows in keyed.groupby(list(CELL), sort=False):
+        # With roles the choice is made on the tune trials and the confirm trials are compared;
+        # a cell without tune trials cannot choose and keeps nothing.
+        g = cell_rows[cell_rows[ROLE_COL] == TUNE] if roles else cell_rows
+        confirm = cell_rows[cell_rows[ROLE_COL] == CONFIRM] if roles else cell_rows
+        if g.empty:
+            continue
         stats = g.groupby(keys).agg(loss=(metric, "mean"), seeds=("seed", "nunique")).reset_index()
         # An option where some seeds did not complete (diverged, failed) is not comparable on
         # its surviving seeds' mean: a high lr that kills one seed in three is not "best".
@@ -97,12 +146,12 @@ def tune(df: pd.DataFrame, metric: str) -> tuple[pd.DataFrame, Tuning]:
         want = g["seed"].nunique()
         full = stats[stats["seeds"] == (want if (stats["seeds"] == want).any() else stats["seeds"].max())]
         best = full.sort_values("loss", kind="stable").iloc[0]
-        mask = np.ones(len(g), dtype=bool)
+        mask = np.ones(len(confirm), dtype=bool)
         row = dict(zip(CELL, cell), loss=float(best["loss"]), seeds=int(best["seeds"]), at_edge=False, edge="")
         for col in axes:
             tried = sorted(v for v in stats[_key(col)].unique() if v != MISSING)
             value = float(best[_key(col)])
-            mask &= (g[_key(col)] == value).to_numpy()
+            mask &= (confirm[_key(col)] == value).to_numpy()
             row[col] = None if value == MISSING else value
             row[f"{col}_tried"] = [float(v) for v in tried]
             # Weight decay 0 is the bottom of its range, not the edge of a grid.
@@ -113,10 +162,23 @@ def tune(df: pd.DataFrame, metric: str) -> tuple[pd.DataFrame, Tuning]:
                 row["edge"] += f"{col} = {value:g} is the {side} tried; "
         row["excluded_options"] = int(len(stats) - len(full))
         row["edge"] = row["edge"].rstrip("; ")
+        if roles:
+            at = g
+            for col in axes:
+                at = at[at[_key(col)] == (MISSING if row[col] is None else row[col])]
+            row[TUNE_SEEDS_COL] = sorted({seed_label(i, t) for i, t in zip(at["init_seed"], at["train_seed"])},
+                                         key=_seed_key)
+            row["n_confirm"] = int(confirm[mask]["seed"].nunique())
         rows.append(row)
-        keep.append(df.loc[g.index[mask]].assign(**{EDGE_COL: row["edge"]}))
+        kept = df.loc[confirm.index[mask]].assign(**{EDGE_COL: row["edge"]})
+        if roles:
+            kept[TUNE_SEEDS_COL] = ", ".join(row[TUNE_SEEDS_COL])
+        keep.append(kept)
     chosen = pd.DataFrame(rows)
-    return pd.concat(keep).sort_index(), Tuning(axes=axes, chosen=chosen, all_trials=df)
+    if not keep:
+        return df.iloc[:0], Tuning(axes=axes, chosen=chosen, all_trials=df, roles=roles, unassigned=unassigned)
+    return pd.concat(keep).sort_index(), Tuning(axes=axes, chosen=chosen, all_trials=df, roles=roles,
+                                                unassigned=unassigned)
 
 
 def chosen_label(row, axes: list[str]) -> str:

@@ -8,12 +8,19 @@ gap_s(d) = a_s + b_s ln d, and the slope's 95% t-interval is taken over seeds: t
 (paired by seed) as every other comparison. The crossover width is where the mean fit is 0;
 its interval is the set of widths where the seeds' fitted gaps have a 95% interval that
 holds 0 (Fieller's construction), which can be unbounded on either side.
+
+The fit uses only widths whose models have at least MIN_HEADS attention heads: a one-head model
+(d = 64 at heads of 64) has no multi-head attention and is mostly embedding and output head, so
+its gap says little about how the residual balance changes with width. Such widths stay in the
+table, marked, and the page says which widths the fit used.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -23,6 +30,7 @@ from .stats import A_LOWER, compare, outcome
 
 # Widths over which the crossover band is searched (log-spaced; beyond this it is "unbounded").
 SEARCH_WIDTHS = (8.0, 1e6)
+MIN_HEADS = 2
 
 
 @dataclass
@@ -40,11 +48,13 @@ class WidthTrend:
     crossover_lo: float | None = None  # None = unbounded below
     crossover_hi: float | None = None  # None = unbounded above
     crossover_note: str = ""
+    fit_widths: list[int] = field(default_factory=list)  # the widths the fit used (>= MIN_HEADS heads)
+    fit_note: str = ""  # which widths were left out of the fit, and why
 
     def as_dict(self) -> dict:
         out = {k: getattr(self, k) for k in ("status", "n_layers", "seeds", "slope", "slope_lo", "slope_hi",
                                              "intercept", "per_seed", "crossover", "crossover_lo",
-                                             "crossover_hi", "crossover_note")}
+                                             "crossover_hi", "crossover_note", "fit_widths", "fit_note")}
         out["points"] = self.points.to_dict("records") if not self.points.empty else []
         return out
 
@@ -55,6 +65,21 @@ def _t_interval(x: np.ndarray) -> tuple[float, float, float]:
         return m, float("nan"), float("nan")
     half = sps.t.ppf(0.975, len(x) - 1) * float(np.std(x, ddof=1)) / math.sqrt(len(x))
     return m, m - half, m + half
+
+
+def heads_of(trials: pd.DataFrame) -> int | None:
+    """The trials' attention heads: an n_heads column, else the resolved config in a trial's
+    trial.json; None where neither is there."""
+    if "n_heads" in trials and trials["n_heads"].notna().any():
+        return int(trials["n_heads"].dropna().iloc[0])
+    for col in ("trial_dir", "metrics_path"):
+        for v in trials.get(col, pd.Series(dtype=object)).dropna():
+            folder = Path(v) if col == "trial_dir" else Path(v).parent
+            try:
+                return int(json.loads((folder / "trial.json").read_text())["config"]["model"]["n_heads"])
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+    return None
 
 
 def width_trend(df: pd.DataFrame, recipe: str | None, baseline: str | None, metric: str) -> WidthTrend:
@@ -70,27 +95,41 @@ def width_trend(df: pd.DataFrame, recipe: str | None, baseline: str | None, metr
         ok = [d for d, gd in g.groupby("d_model") if gd["variant"].nunique() == 2]
         widths_by_depth[int(depth)] = sorted(ok)
     depth = max(widths_by_depth, key=lambda k: len(widths_by_depth[k]))
-    widths = widths_by_depth[depth]
+    all_widths = widths_by_depth[depth]
+    heads = {d: heads_of(both[(both["n_layers"] == depth) & (both["d_model"] == d)]) for d in all_widths}
+    widths = [d for d in all_widths if heads[d] is None or heads[d] >= MIN_HEADS]
+    left_out = [d for d in all_widths if d not in widths]
+    unknown = [d for d in widths if heads[d] is None]
+    notes = [f"fit over d = {', '.join(map(str, widths)) or 'none'} (widths with ≥ {MIN_HEADS} attention heads)"]
+    if left_out:
+        shown = ", ".join(f"{d} ({heads[d]} head{'s' * (heads[d] != 1)})" for d in left_out)
+        notes.append(f"d = {shown} shown but not fitted")
+    if unknown:
+        notes.append(f"heads not recorded for d = {', '.join(map(str, unknown))} (fitted)")
+    fit_note = "; ".join(notes)
     if len(widths) < 3:
         return WidthTrend(f"needs both arms at ≥ 3 widths of one depth; have {len(widths)} "
-                          f"({', '.join(map(str, widths)) or 'none'}) at {depth} layers: run +experiment=width_trend",
-                          n_layers=depth)
+                          f"({', '.join(map(str, widths)) or 'none'}) at {depth} layers"
+                          + (f" with ≥ {MIN_HEADS} heads" if left_out else "") + ": run +experiment=width_trend",
+                          n_layers=depth, fit_widths=widths, fit_note=fit_note)
     rows, per_seed_gaps = [], {}
-    for d in widths:
+    for d in all_widths:
         g = both[(both["n_layers"] == depth) & (both["d_model"] == d)]
         a, b = g[g["variant"] == recipe], g[g["variant"] == baseline]
         c = compare(a, b, metric, curve="val/loss")
         rows.append(dict(d_model=int(d), size=g["size"].iloc[0], n_params_recipe=float(a["n_params"].mean()),
                          n_params_baseline=float(b["n_params"].mean()), pairs=c.n, gap=c.diff, lo=c.lo, hi=c.hi,
                          lr_recipe=(c.optim_a or {}).get("lr"), lr_baseline=(c.optim_b or {}).get("lr"),
-                         verdict=outcome(c, A_LOWER), settled=c.settled))
+                         verdict=outcome(c, A_LOWER), settled=c.settled, n_heads=heads[d], fitted=d in widths))
+        if d not in widths:
+            continue
         ma, mb = a.groupby("seed")[metric].mean(), b.groupby("seed")[metric].mean()
         for s in ma.index.intersection(mb.index):
             per_seed_gaps.setdefault(s, {})[int(d)] = float(ma[s] - mb[s])
     points = pd.DataFrame(rows)
     # Seeds that ran both variants at every width: each gives its own line.
     seeds = sorted(s for s, gaps in per_seed_gaps.items() if len(gaps) == len(widths))
-    trend = WidthTrend("fit", points=points, n_layers=depth, seeds=len(seeds))
+    trend = WidthTrend("fit", points=points, n_layers=depth, seeds=len(seeds), fit_widths=widths, fit_note=fit_note)
     if len(seeds) < 2:
         trend.status = f"needs ≥ 2 seeds with both arms at every width (have {len(seeds)}): no interval"
         return trend
@@ -154,6 +193,6 @@ def _crossover(trend: WidthTrend, a_s: np.ndarray, b_s: np.ndarray, widths: list
 def width_text(t: WidthTrend) -> str:
     if t.status != "fit":
         return f"No width trend: {t.status}."
-    return (f"gap(d) = {t.intercept:+.4f} {t.slope:+.4f}·ln d over d = {', '.join(str(int(d)) for d in t.points['d_model'])} "
+    return (f"gap(d) = {t.intercept:+.4f} {t.slope:+.4f}·ln d over d = {', '.join(map(str, t.fit_widths))} "
             f"({t.n_layers} layers, {t.seeds} seeds): slope {t.slope:+.4f} nats per e-fold of width, 95% interval "
-            f"[{t.slope_lo:+.4f}, {t.slope_hi:+.4f}]; {t.crossover_note}.")
+            f"[{t.slope_lo:+.4f}, {t.slope_hi:+.4f}]; {t.crossover_note}. {t.fit_note[:1].upper()}{t.fit_note[1:]}.")

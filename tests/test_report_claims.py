@@ -66,13 +66,29 @@ def test_anchor_report_has_the_phase_diagram_and_only_anchor_claims(tmp_path):
 
 
 def test_recipe_claim_pairs_recipe_and_baseline_per_size(tmp_path):
-    sweep = load([synthetic_sweep(tmp_path, gain=0.44)])
+    d = synthetic_sweep(tmp_path, gain=0.44)
+    df = pd.read_parquet(d / "results.parquet")
+    small = df["gamma"] == 1.0  # the paper's recipe: γ, eps and the gate changed together
+    df.loc[small, "gate"] = "elementwise"
+    df.loc[~small, "eps"] = 1e-5
+    df.to_parquet(d / "results.parquet")
+    sweep = load([d])
     df = sweep.complete
     base = df[df["gamma"] == 0.5]["variant"].iloc[0]
     recipe = df[df["gamma"] == 1.0]["variant"].iloc[0]
     c = claims_mod.recipe_claim(sweep, base, recipe, "final_val_loss")
     assert c.verdict == "supported" and len(c.numbers) == 4 and all(n["n"] == 3 for n in c.numbers)
+    assert all(n["p_holm"] is not None and n["p_signflip"] == 0.25 for n in c.numbers)  # 3 pairs: 2/8 at best
     assert claims_mod.recipe_claim(sweep, None, recipe, "final_val_loss").verdict == "not run"
+
+
+def test_a_gamma_only_record_does_not_run_the_recipe_claim(tmp_path):
+    sweep = load([synthetic_sweep(tmp_path, gain=0.44)])  # eps 1e-12 and no gate in both arms
+    df = sweep.complete
+    base = df[df["gamma"] == 0.5]["variant"].iloc[0]
+    recipe = df[df["gamma"] == 1.0]["variant"].iloc[0]
+    c = claims_mod.recipe_claim(sweep, base, recipe, "final_val_loss")
+    assert c.verdict == "not run" and "differs in γ only" in c.reason and not c.numbers
 
 
 def test_paired_seed_and_arm_overrides_are_not_settings(tmp_path):
