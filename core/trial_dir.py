@@ -10,6 +10,8 @@
     checkpoint.pt         latest state (model, optimizer, step), for resume; removed when done
     per_token_losses.npz  loss of each token of the fixed eval slice, at the end
     model.pt              the final weights
+    budgets/<tokens>.json one token budget's result (train.budgets): written when its cooldown
+                          branch has been evaluated; the largest budget's equals result.json
     result.json           the final summary: its presence means the trial finished
     failure.json          why a trial raised or diverged, and whether that is the environment's
                           fault (transient: retried by the next run) or its own (permanent)
@@ -84,12 +86,16 @@ class TrialDir:
     checkpoint = _file("checkpoint.pt")
     per_token_losses = _file("per_token_losses.npz")
     model_weights = _file("model.pt")
+    budgets = _file("budgets")
     result_json = _file("result.json")
     failure_json = _file("failure.json")
     log = _file("trial.log")
 
     def probe_snapshot(self, step: int) -> Path:
         return self.probes / f"step_{step:07d}.npz"
+
+    def budget_json(self, tokens: int) -> Path:
+        return self.budgets / f"{tokens}.json"
 
     # ---- state ----
 
@@ -151,6 +157,15 @@ class TrialDir:
     def read_result(self, damaged_ok: bool = False) -> dict[str, Any] | None:
         """The finished trial's summary, or None if it has not finished."""
         return _read_json(self.result_json, damaged_ok)
+
+    # ---- budgets/<tokens>.json: one budget's result ----
+
+    def write_budget_result(self, tokens: int, result: dict[str, Any]) -> None:
+        atomic_write_json(self.budget_json(tokens), result)
+
+    def read_budget_result(self, tokens: int, damaged_ok: bool = False) -> dict[str, Any] | None:
+        """The result of the branch that ends at `tokens`, or None if it has not been evaluated."""
+        return _read_json(self.budget_json(tokens), damaged_ok)
 
     def write_failure(self, reason: str, traceback: str, kind: str | None = None) -> None:
         atomic_write_json(self.failure_json, {"reason": reason, "traceback": traceback, "kind": kind})

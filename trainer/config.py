@@ -25,6 +25,7 @@ from model.config import (
 )
 
 from .data_config import BilingualData, DataConfig, data_config_from_dict
+from .schedule import budget_branches, budget_warmup
 
 SCHEDULES = ("cosine", "wsd", "constant")
 DEVICES = ("auto", "cpu", "cuda")
@@ -83,6 +84,11 @@ class TrainConfig:
     compile: bool = False
     threads: int | None = None
     peak_tflops: float | None = None
+    # Several token budgets from one run (trainer/schedule.py): strictly increasing, each a
+    # whole number of steps; the largest replaces max_tokens. Each budget's cooldown is
+    # cooldown_frac of its steps. Null: one budget, max_tokens or max_steps.
+    budgets: tuple[int, ...] | None = None
+    cooldown_frac: float = 0.2
 
     def __post_init__(self) -> None:
         for key in ("batch_size", "seq_len", "grad_accum", "eval_every", "probe_batch"):
@@ -91,6 +97,10 @@ class TrainConfig:
         for key in ("eval_tokens", "per_token_eval_tokens", "probe_every", "ckpt_every", "log_every", "seed"):
             value = getattr(self, key)
             require(isinstance(value, int) and value >= 0, f"train.{key}", value, "must be an integer >= 0")
+        require(isinstance(self.cooldown_frac, int | float) and 0 < self.cooldown_frac < 1,
+                "train.cooldown_frac", self.cooldown_frac, "must be a number in (0, 1)")
+        if self.budgets is not None:
+            self._take_budgets()
         require(
             self.max_tokens is not None or self.max_steps is not None,
             "train.max_tokens",
@@ -112,6 +122,24 @@ class TrainConfig:
         require(self.max_epochs is None or (isinstance(self.max_epochs, int | float) and self.max_epochs > 0),
                 "train.max_epochs", self.max_epochs, "must be a number > 0 or null (no limit)")
 
+    def _take_budgets(self) -> None:
+        """Check train.budgets; its largest becomes max_tokens (the field is frozen, hence
+        object.__setattr__, as in a dataclass's own __post_init__ idiom)."""
+        b, tps = self.budgets, self.tokens_per_step
+        require(isinstance(b, list | tuple) and len(b) > 0
+                and all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in b),
+                "train.budgets", b, "a non-empty list of positive integers (tokens), or null")
+        require(all(x < y for x, y in zip(b, b[1:])), "train.budgets", list(b), "must be strictly increasing")
+        require(all(x % tps == 0 for x in b), "train.budgets", list(b),
+                f"each must be a multiple of one step's tokens (batch_size*seq_len*grad_accum = {tps})")
+        require(self.max_steps is None, "train.max_steps", self.max_steps, "must be null with train.budgets (budgets are in tokens)")
+        require(self.tokens_per_param is None, "train.tokens_per_param", self.tokens_per_param, "must be null with train.budgets")
+        smallest = b[0] // tps
+        require(int(self.cooldown_frac * smallest) >= 1, "train.cooldown_frac", self.cooldown_frac,
+                f"must give the smallest budget ({b[0]} tokens, {smallest} steps) at least one cooldown step")
+        object.__setattr__(self, "budgets", tuple(b))
+        object.__setattr__(self, "max_tokens", b[-1])
+
     @property
     def tokens_per_step(self) -> int:
         return self.batch_size * self.seq_len * self.grad_accum
@@ -131,6 +159,17 @@ class TrialConfig:
     data: DataConfig = field(default_factory=BilingualData)
     preset: str | None = None
 
+    def __post_init__(self) -> None:
+        if self.train.budgets is None:
+            return
+        require(self.optim.schedule == "wsd", "optim.schedule", self.optim.schedule,
+                "must be wsd with train.budgets (each budget ends in a WSD cooldown)")
+        branches = budget_branches(self.train.budgets, self.train.tokens_per_step, self.train.cooldown_frac)
+        warmup = budget_warmup(branches, self.optim)
+        require(warmup <= branches[0].fork, "optim.warmup_frac", self.optim.warmup_frac,
+                f"must end the warmup ({warmup} steps: a fraction of the largest budget) by step {branches[0].fork}, "
+                f"where the smallest budget's cooldown starts")
+
     @property
     def task(self) -> str:
         return self.data.task
@@ -149,6 +188,9 @@ class TrialConfig:
         d["data"].pop("cache_dir", None)
         if not d["data"].get("val_paths"):  # added later: trials run on token files before keep their identity
             d["data"].pop("val_paths", None)
+        if d["train"].get("budgets") is None:  # added later: trials with one budget keep their identity
+            d["train"].pop("budgets", None)
+            d["train"].pop("cooldown_frac", None)
         blob = json.dumps(d, sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 

@@ -3,10 +3,16 @@
 Outputs in the trial folder (core.trial_dir.TrialDir names them): trial.json, metrics.jsonl,
 probes/, checkpoint.pt (removed when done), per_token_losses.npz, model.pt and, last,
 result.json, whose presence means the trial finished.
+
+With train.budgets (trainer/schedule.py) the run is the largest budget's, and at each smaller
+budget's fork step it takes a side trip: it checkpoints the stable state, trains that budget's
+cooldown, evaluates as a trial's final evaluation does, writes budgets/<tokens>.json, and puts
+the stable state back. metrics.jsonl, probes/ and the per-token losses follow the main run only.
 """
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 from dataclasses import asdict, dataclass, field
@@ -23,6 +29,7 @@ from .config import TrialConfig
 from .host_memory import retain_freed_memory
 from .precision import autocast_for, resolve_dtype
 from .reporting import JsonlReporter, MultiReporter, Reporter, Timer
+from .schedule import Branch, branch_lr_at, budget_branches, budget_warmup, lr_at
 from .tasks import make_task
 
 # Reading the loss on the host every step makes a GPU wait for its queue to drain; on an
@@ -52,6 +59,8 @@ class TrialResult:
     corpus_tokens: int | None = None  # training tokens of the corpus: passes = tokens / corpus_tokens
     final_metrics: dict[str, float] = field(default_factory=dict)
     artifacts: dict[str, str] = field(default_factory=dict)
+    # With train.budgets: the budget this result is for (result.json: the largest); else None.
+    budget_tokens: int | None = None
 
 
 # Dense bf16 peak FLOP/s of common accelerators, for MFU.
@@ -75,23 +84,6 @@ def peak_flops(trial: TrialConfig, device: torch.device) -> float | None:
         name = torch.cuda.get_device_name(device)
         return next((v for k, v in PEAK_BF16_FLOPS.items() if k in name), None)
     return None
-
-
-def lr_at(step: int, total: int, optim) -> float:
-    """Linear warmup, then cosine or WSD (stable, then linear decay) to lr * min_lr_ratio."""
-    warmup = int(optim.warmup_frac * total)
-    if step < warmup:
-        return optim.lr * (step + 1) / warmup
-    floor = optim.lr * optim.min_lr_ratio
-    if optim.schedule == "constant":
-        return optim.lr
-    if optim.schedule == "cosine":
-        progress = (step - warmup) / max(1, total - warmup)
-        return floor + (optim.lr - floor) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
-    decay_start = total - int(optim.decay_frac * total)
-    if step < decay_start:
-        return optim.lr
-    return optim.lr - (optim.lr - floor) * (step - decay_start) / max(1, total - decay_start)
 
 
 def make_optimizer(model: torch.nn.Module, optim) -> torch.optim.AdamW:
@@ -144,6 +136,15 @@ def run_trial(trial: TrialConfig, out_dir: Path, reporter: Reporter | None = Non
     model = Transformer(trial.model).to(device)
     optimizer = make_optimizer(model, trial.optim)
     total = t.total_steps
+    # With budgets the main run is the largest budget's branch; the others fork off it.
+    branches = budget_branches(t.budgets, t.tokens_per_step, t.cooldown_frac) if t.budgets else []
+    warmup = budget_warmup(branches, trial.optim) if branches else 0
+    main = max(branches, key=lambda b: b.steps) if branches else None
+    side = [b for b in branches if b is not main]
+
+    def lr_for(step: int) -> float:
+        return branch_lr_at(step, main, warmup, trial.optim) if main else lr_at(step, total, trial.optim)
+
     start, best, prior_wall, prior_train = 0, None, 0.0, 0.0
     state = load_checkpoint(folder.checkpoint, identity, device, log=log)
     if state is not None:
@@ -152,6 +153,7 @@ def run_trial(trial: TrialConfig, out_dir: Path, reporter: Reporter | None = Non
         start, best = state["step"], state["best_val_loss"]
         prior_wall, prior_train = state["wall_s"], state["train_s"]
         log(f"resuming {identity} from step {start}/{total}")
+    budgets_done = _budgets_done(folder, side, identity, state)
     jsonl = JsonlReporter(folder.metrics, resume_step=start if state is not None else None)
     report = MultiReporter(jsonl, reporter)
     fwd = torch.compile(model) if t.compile else model
@@ -163,8 +165,76 @@ def run_trial(trial: TrialConfig, out_dir: Path, reporter: Reporter | None = Non
         save_checkpoint(folder.checkpoint, {
             "identity": identity, "step": step, "best_val_loss": best, "model": model.state_dict(),
             "optimizer": optimizer.state_dict(), "wall_s": prior_wall + time.perf_counter() - t0,
-            "train_s": prior_train + timer.elapsed,
+            "train_s": prior_train + timer.elapsed, "budgets_done": sorted(budgets_done),
         })
+
+    def train_step(step: int, lr: float, pending: torch.Tensor) -> torch.Tensor | None:
+        """One optimizer step at lr; adds its micro-batches' losses to pending. Returns the
+        gradient norm before clipping (None without clipping)."""
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        for micro in range(t.grad_accum):
+            x, y = task.train_batch(step * t.grad_accum + micro)
+            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+            with autocast():
+                logits, aux = fwd(x, return_aux=True)
+                loss = task.loss(logits, y) + trial.model.ffn.aux_loss_coef * aux
+            (loss / t.grad_accum).backward()
+            pending += loss.detach().float()
+            if sync_every == 1:  # the CPU: catch a NaN before the optimizer step uses it
+                _check_finite(pending, step + 1, step + 1)
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), trial.optim.grad_clip) if trial.optim.grad_clip else None
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return grad_norm
+
+    def run_branch(branch: Branch) -> None:
+        """Train branch's cooldown from the stable state at its fork, evaluate it as the final
+        evaluation of a trial does, and write budgets/<tokens>.json."""
+        b0, pending, loss_sum, last_read = time.perf_counter(), torch.zeros((), device=device), 0.0, branch.fork
+        for step in range(branch.fork, branch.steps):
+            lr = branch_lr_at(step, branch, warmup, trial.optim)
+            train_step(step, lr, pending)
+            if (step + 1) % sync_every == 0 or step + 1 == branch.steps:
+                loss_sum += _check_finite(pending, last_read + 1, step + 1)
+                pending.zero_()
+                last_read = step + 1
+        metrics = {"train/loss": loss_sum / (branch.cooldown * t.grad_accum), "train/lr": lr,
+                   "tokens": branch.steps * t.tokens_per_step}
+        model.eval()
+        metrics.update(task.evaluate(fwd, device, autocast))
+        model.train()
+        if t.probe_every:
+            metrics.update(run_probes(model, probe_idx).scalars)
+        val = metrics.get("val/loss")
+        wall = time.perf_counter() - b0
+        tok_s = branch.cooldown * t.tokens_per_step / max(wall, 1e-9)
+        # best_val_loss: over the stable evaluations up to the fork and the branch's end.
+        result = TrialResult(
+            identity=identity, steps=branch.steps, tokens=branch.steps * t.tokens_per_step, n_params=model.num_params(),
+            final_val_loss=val, best_val_loss=min(v for v in (best, val) if v is not None) if val is not None else best,
+            unigram_entropy=task.unigram_entropy, corpus_tokens=task.corpus_tokens, wall_s=wall, tokens_per_s=tok_s,
+            mfu=(tok_s * flops_tok / peak) if peak else None, dtype=precision.dtype, final_metrics=metrics,
+            budget_tokens=branch.tokens,
+        )
+        folder.write_budget_result(branch.tokens, asdict(result))
+        budgets_done.add(branch.tokens)
+        log(f"budget {branch.tokens:,} tokens: val loss {val} (cooldown steps {branch.fork}-{branch.steps}, {wall:.1f} s)")
+
+    def fork(step: int) -> None:
+        """The side trips that fork at step: each from the same stable state, put back after."""
+        todo = [b for b in side if b.fork == step and b.tokens not in budgets_done]
+        if not todo:
+            return
+        checkpoint(step)  # the stable state: a kill during a branch resumes from its fork
+        stable = copy.deepcopy({"model": model.state_dict(), "optimizer": optimizer.state_dict()})
+        rng = torch.get_rng_state()  # nothing in a step draws from it today; kept so nothing can drift
+        for branch in todo:
+            run_branch(branch)
+            model.load_state_dict(stable["model"])
+            # A copy each time: the optimizer keeps the tensors it is given and updates them in place.
+            optimizer.load_state_dict(copy.deepcopy(stable["optimizer"]))
+            torch.set_rng_state(rng)
 
     def observe(step: int, train_stats: dict[str, float]) -> dict[str, float]:
         nonlocal best
@@ -197,26 +267,14 @@ def run_trial(trial: TrialConfig, out_dir: Path, reporter: Reporter | None = Non
     grad_norm_t = torch.full((), float("nan"), device=device)
     last_read = start
     try:
+        if start > 0:
+            fork(start)  # killed during a side trip: its checkpoint is the fork's stable state
         for step in range(start, total):
             with timer:
-                lr = lr_at(step, total, trial.optim)
-                for group in optimizer.param_groups:
-                    group["lr"] = lr
-                for micro in range(t.grad_accum):
-                    x, y = task.train_batch(step * t.grad_accum + micro)
-                    x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-                    with autocast():
-                        logits, aux = fwd(x, return_aux=True)
-                        loss = task.loss(logits, y) + trial.model.ffn.aux_loss_coef * aux
-                    (loss / t.grad_accum).backward()
-                    pending += loss.detach().float()
-                    loss_n += 1
-                    if sync_every == 1:  # the CPU: catch a NaN before the optimizer step uses it
-                        _check_finite(pending, step + 1, step + 1)
-                if trial.optim.grad_clip:
-                    grad_norm_t = torch.nn.utils.clip_grad_norm_(model.parameters(), trial.optim.grad_clip)
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
+                lr = lr_for(step)
+                norm = train_step(step, lr, pending)
+                grad_norm_t = grad_norm_t if norm is None else norm
+                loss_n += t.grad_accum
             done = step + 1
             due = (done % t.eval_every == 0 or done == total or (t.probe_every and done % t.probe_every == 0)
                    or (t.log_every and done % t.log_every == 0))
@@ -238,7 +296,8 @@ def run_trial(trial: TrialConfig, out_dir: Path, reporter: Reporter | None = Non
                 loss_sum, loss_n, interval_start = 0.0, 0, timer.elapsed
             if ckpt_due:
                 checkpoint(done)
-        per_token = task.per_token_losses(model.eval(), device, autocast)
+            fork(done)
+        per_token = task.per_token_losses(model.eval(), device, autocast)  # the main run's (largest budget's) model
         if per_token:
             np.savez_compressed(folder.per_token_losses, **per_token)
         # Done: keep the final weights (for later analysis), drop the optimizer state, which
@@ -255,11 +314,31 @@ def run_trial(trial: TrialConfig, out_dir: Path, reporter: Reporter | None = Non
         corpus_tokens=task.corpus_tokens,
         wall_s=prior_wall + time.perf_counter() - t0, tokens_per_s=tok_s,
         mfu=(tok_s * flops_tok / peak) if peak else None, dtype=precision.dtype, final_metrics=last,
-        artifacts=folder.artifacts(per_token_losses=bool(per_token)),
+        artifacts=folder.artifacts(per_token_losses=bool(per_token)), budget_tokens=main.tokens if main else None,
     )
+    if main:
+        folder.write_budget_result(main.tokens, asdict(result))
     folder.write_result(asdict(result))
     folder.drop_checkpoint()  # after result.json: a kill in between still resumes
     return result
+
+
+def _budgets_done(folder: TrialDir, side: list[Branch], identity: str, state: dict | None) -> set[int]:
+    """The budgets whose branch already ran: the checkpoint's list and the budget files (a
+    file written after the last checkpoint counts). A checkpoint past the fork of a budget
+    that did not run cannot go back to it: that is an error, not a silent gap."""
+    done = set(state.get("budgets_done", ())) if state is not None else set()
+    for b in side:
+        recorded = folder.read_budget_result(b.tokens)
+        if recorded is not None and recorded["identity"] == identity:
+            done.add(b.tokens)
+    step = state["step"] if state is not None else 0
+    missed = [b for b in side if b.fork < step and b.tokens not in done]
+    if missed:
+        raise RuntimeError(f"{folder.checkpoint} is at step {step}, past step {missed[0].fork} where budget "
+                           f"{missed[0].tokens}'s cooldown forks, and {folder.budget_json(missed[0].tokens)} is "
+                           "missing: delete the checkpoint to train the trial again")
+    return done
 
 
 def _sync_every(device: torch.device) -> int:
