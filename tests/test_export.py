@@ -12,6 +12,10 @@ import torch
 
 from core.errors import ConfigError
 from model import Transformer
+from trainer import make_shards
+from trainer.corpus import EOT, bundled_files, read_kjv
+from trainer.data import prepare
+from trainer.data_config import BilingualData
 from trainer.export import check_exportable, export, model_config_from_dict
 from trainer.loop import run_trial
 
@@ -36,6 +40,11 @@ def test_an_exported_trial_gives_the_same_logits_in_transformers(trial_config, t
     with torch.no_grad():
         assert (ours(ids) - hf(ids).logits).abs().max().item() < 1e-4
     assert json.loads((out / "smallinit.json").read_text())["config"]["model"]["norm"]["eps"] == 1e-12
+    # <|endoftext|> is bos, eos and pad in the tokenizer and in both configs (not LlamaConfig's 1 and 2).
+    eot = tok.convert_tokens_to_ids(EOT)
+    assert (tok.bos_token_id, tok.eos_token_id, tok.pad_token_id) == (eot, eot, eot) and tok.decode([eot]) == EOT
+    assert (hf.config.bos_token_id, hf.config.eos_token_id, hf.config.pad_token_id) == (eot, eot, eot)
+    assert (hf.generation_config.bos_token_id, hf.generation_config.eos_token_id) == (eot, eot)
 
 
 def test_gated_and_moe_models_are_refused_in_one_line(trial_config):
@@ -52,3 +61,31 @@ def test_the_command_refuses_a_folder_that_is_not_a_trial(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "trainer.export", str(tmp_path), str(tmp_path / "out")],
                           cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "no trial.json" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_tokens_trial_exports_the_tokenizer_its_shards_were_made_with(trial_config, tmp_path, data_cache):
+    tokenizer = prepare(BilingualData(cache_dir=str(data_cache)), log=lambda *_: None).tokenizer_path
+    (tmp_path / "text").mkdir()
+    (tmp_path / "text" / "kjv.txt").write_text("\n\n".join(d.text for d in read_kjv(bundled_files()["kjv"])[:20]))
+    shards = tmp_path / "shards"
+    meta = make_shards.make_shards(tmp_path / "text", shards, tokenizer, val_fraction=0.1, log=lambda *_: None)
+    trial = trial_config("data=tokens", f"data.paths={shards}", f"data.vocab_size={meta['vocab_size']}",
+                         "train.max_tokens=256")
+    run_trial(trial, tmp_path / "trial", log=lambda *_: None)
+
+    out = export(tmp_path / "trial", tmp_path / "hf")
+    assert (out / "tokenizer.json").read_bytes() == tokenizer.read_bytes()
+    assert json.loads((out / "config.json").read_text())["eos_token_id"] == meta["eot_id"] is not None
+
+    # A tokenizer changed after make_shards (or none recorded) is refused in one line naming --tokenizer,
+    # before anything is written; --tokenizer then exports.
+    (shards / "tokenizer.json").write_text("{}")
+    with pytest.raises(ConfigError, match=r"changed after make_shards.*pass --tokenizer") as e:
+        export(tmp_path / "trial", tmp_path / "hf2")
+    assert "\n" not in str(e.value) and not (tmp_path / "hf2").exists()
+    (shards / "shards.json").unlink()
+    proc = subprocess.run([sys.executable, "-m", "trainer.export", str(tmp_path / "trial"), str(tmp_path / "hf2")],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "no shards.json" in proc.stderr and "--tokenizer" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and not (tmp_path / "hf2").exists()
+    assert export(tmp_path / "trial", tmp_path / "hf2", tokenizer).joinpath("tokenizer.json").is_file()

@@ -3,8 +3,11 @@
 The dense, ungated RMSNorm model is, weight for weight, transformers' LlamaForCausalLM (same
 rotate-half RoPE, SwiGLU, pre-norm, fp32 norm statistics), so the export is a renaming of the
 state dict plus a LlamaConfig; the tokenizer the trial trained on goes along as a
-PreTrainedTokenizerFast. The folder then loads with `AutoModelForCausalLM.from_pretrained` and
-works with lm-evaluation-harness or vLLM. Gated attention and MoE have no Llama equivalent:
+PreTrainedTokenizerFast, with <|endoftext|> declared as its bos, eos and pad token and the same
+id in config.json and generation_config.json (lm-eval's HF model starts a context with it).
+A data=tokens trial takes the tokenizer trainer/make_shards.py recorded beside its shards, or
+--tokenizer. The folder then loads with `AutoModelForCausalLM.from_pretrained` and works with
+lm-evaluation-harness (tests/test_lm_eval.py) or vLLM. Gated attention and MoE have no Llama equivalent:
 they are refused with one line rather than exported wrong.
 """
 
@@ -19,6 +22,9 @@ from pathlib import Path
 from core.errors import ConfigError
 from core.trial_dir import TrialDir
 from model.config import AttnConfig, FFNConfig, InitConfig, ModelConfig, NormConfig
+
+from . import shards
+from .corpus import EOT
 
 # our name -> transformers' Llama name; {i} is the layer index
 LLAMA_NAMES = {
@@ -57,7 +63,9 @@ def check_exportable(cfg: ModelConfig) -> None:
                           + ". Load such models with model.Transformer and trial.json instead.")
 
 
-def llama_config(cfg: ModelConfig):
+def llama_config(cfg: ModelConfig, eot: int | None):
+    """Llama's shape settings plus the special ids: LlamaConfig's own defaults (bos 1, eos 2)
+    would name two ordinary tokens of our vocabulary, so the ids are always set, None included."""
     from transformers import LlamaConfig
 
     return LlamaConfig(
@@ -66,6 +74,7 @@ def llama_config(cfg: ModelConfig):
         head_dim=cfg.head_dim, max_position_embeddings=cfg.max_seq_len, rms_norm_eps=cfg.norm.eps,
         rope_theta=cfg.rope_theta, tie_word_embeddings=cfg.tie_embeddings, hidden_act="silu",
         attention_bias=False, mlp_bias=False, torch_dtype="float32",
+        bos_token_id=eot, eos_token_id=eot, pad_token_id=eot,
     )
 
 
@@ -92,33 +101,58 @@ def export(trial_dir: Path, out_dir: Path, tokenizer: Path | None = None) -> Pat
         raise ConfigError(f"{folder.model_weights} does not exist: the trial has not finished")
     cfg = model_config_from_dict(record["config"]["model"])
     check_exportable(cfg)
+    # Settled before anything is written, so a refusal leaves no half-made folder.
+    tok_file = Path(tokenizer) if tokenizer else _trained_tokenizer(record["config"]["data"])
+    eot = _end_of_text_id(tok_file, cfg.vocab_size) if tok_file is not None else None
     state = torch.load(folder.model_weights, map_location="cpu", weights_only=False)["model"]
     hf = llama_state_dict(state, cfg.n_layers)
     if cfg.tie_embeddings:
         hf.pop("lm_head.weight", None)
     from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
-    model = LlamaForCausalLM(llama_config(cfg))
+    model = LlamaForCausalLM(llama_config(cfg, eot))
     missing, unexpected = model.load_state_dict(hf, strict=False)
     missing = [m for m in missing if not (cfg.tie_embeddings and m == "lm_head.weight")]
     if missing or unexpected:
         raise RuntimeError(f"export mapping incomplete: missing {missing[:5]}, unexpected {unexpected[:5]}")
     out_dir = Path(out_dir)
-    model.save_pretrained(out_dir, safe_serialization=True)
-    tok_file = tokenizer or _trained_tokenizer(record["config"]["data"])
+    model.save_pretrained(out_dir, safe_serialization=True)  # config.json and generation_config.json
     if tok_file is not None:
-        PreTrainedTokenizerFast(tokenizer_file=str(tok_file)).save_pretrained(out_dir)
+        specials = {} if eot is None else {f"{role}_token": EOT for role in ("bos", "eos", "pad")}
+        PreTrainedTokenizerFast(tokenizer_file=str(tok_file), **specials).save_pretrained(out_dir)
         shutil.copy(tok_file, out_dir / "tokenizer.json")
     (out_dir / "smallinit.json").write_text(json.dumps({"identity": record["identity"], "config": record["config"]},
                                                        indent=2))
     return out_dir
 
 
+def _end_of_text_id(tok_file: Path, vocab_size: int) -> int | None:
+    """<|endoftext|>'s id: the corpus's one special token, which ends every training document,
+    so it is bos, eos and pad of the export (None when the tokenizer has no such token)."""
+    from tokenizers import Tokenizer
+
+    try:
+        tok = Tokenizer.from_file(str(tok_file))
+    except Exception as e:  # tokenizers raises a bare Exception for a file that is not its JSON
+        raise ConfigError(f"--tokenizer={tok_file} is invalid: not a tokenizers JSON file ({e})") from None
+    if tok.get_vocab_size() > vocab_size:
+        raise ConfigError(f"--tokenizer={tok_file} is invalid: it has {tok.get_vocab_size()} tokens, more than "
+                          f"the model's vocabulary (model.vocab_size={vocab_size})")
+    return tok.token_to_id(EOT)
+
+
 def _trained_tokenizer(data: dict) -> Path | None:
-    """The tokenizer.json the trial's corpus was prepared with (None for pre-tokenized data)."""
+    """The tokenizer.json the trial's tokens were made with: the corpus cache's for text
+    corpora, the one make_shards recorded beside the shards for data=tokens, None for tasks."""
     from .data import prepare
     from .data_config import CorpusData, data_config_from_dict
 
+    if data.get("corpus") == "tokens":
+        try:
+            return shards.recorded_tokenizer(data_config_from_dict(data).files())
+        except (ConfigError, ValueError) as e:
+            raise ConfigError(f"a data=tokens trial has no tokenizer to export ({e}): pass --tokenizer "
+                              "FILE, the tokenizers JSON its shards were made with") from None
     cfg = data_config_from_dict(data)
     return prepare(cfg, log=lambda *_: None).tokenizer_path if isinstance(cfg, CorpusData) else None
 
@@ -137,7 +171,11 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError as e:
         print(f"error: {e.name} is not installed: make install EXTRAS=dev,dashboard,export", file=sys.stderr)
         return 2
-    print(f"exported to {out}: AutoModelForCausalLM.from_pretrained({str(out)!r})")
+    ids = json.loads((out / "config.json").read_text())
+    print(f"exported to {out}: AutoModelForCausalLM.from_pretrained({str(out)!r}); "
+          + ("no tokenizer (the trial's data has none)" if not (out / "tokenizer.json").is_file() else
+             f"bos/eos/pad = {EOT} (id {ids['eos_token_id']})" if ids.get("eos_token_id") is not None else
+             f"the tokenizer has no {EOT}: bos/eos/pad unset"))
     return 0
 
 

@@ -10,7 +10,8 @@ uses for data=text (trainer/data.py); with it, any `tokenizers` JSON is used as 
 
 OUT_DIR gets `train_000000.bin, ...` and `val_000000.bin` in llm.c's headered format (what
 trainer/shards.py reads; the `val` in the name makes them validation), `tokenizer.json` and
-`shards.json` (counts, vocabulary, sources). Every k-th document (k = 1/val_fraction, the
+`shards.json` (counts, vocabulary, sources, and the tokenizer's sha256, so that
+`python -m trainer.export` ships a trial of these shards with the tokenizer that made them). Every k-th document (k = 1/val_fraction, the
 first included) goes to validation, so both sides draw from every file. Each document ends
 with <|endoftext|> when the tokenizer has it.
 """
@@ -26,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from .corpus import EOT, read_text_file
-from .shards import write_shard
+from .shards import SHARDS_META, TOKENIZER_FILE, file_sha256, write_shard
 
 SUFFIXES = (".txt", ".jsonl", ".parquet")
 MAX_VOCAB = 2**16  # the headered format stores uint16 tokens
@@ -127,13 +128,15 @@ def make_shards(text_dir: Path, out_dir: Path, tokenizer: Path | None = None, vo
     if not writers["train"].total or not writers["val"].total:
         raise ValueError(f"{text_dir}: {n_docs} document(s), too few for both a train and a val side "
                          f"(every {every}th goes to val)")
-    tok.save(str(out_dir / "tokenizer.json"))
+    tok.save(str(out_dir / TOKENIZER_FILE))
     meta = {"vocab_size": vocab, "eot_id": eot, "documents": n_docs, "val_every": every,
             "train_tokens": writers["train"].total, "val_tokens": writers["val"].total,
             "train_shards": [p.name for p in writers["train"].paths], "val_shards": [p.name for p in writers["val"].paths],
             "tokenizer": str(tokenizer) if tokenizer else f"byte-level BPE trained here (vocab_size={vocab_size})",
+            # what trainer.export ships with a data=tokens trial of these shards (shards.recorded_tokenizer)
+            "tokenizer_file": TOKENIZER_FILE, "tokenizer_sha256": file_sha256(out_dir / TOKENIZER_FILE),
             "sources": [str(f) for f in files]}
-    (out_dir / "shards.json").write_text(json.dumps(meta, indent=1))
+    (out_dir / SHARDS_META).write_text(json.dumps(meta, indent=1))
     log(f"{n_docs:,} documents -> {meta['train_tokens']:,} train tokens in {len(meta['train_shards'])} shard(s), "
         f"{meta['val_tokens']:,} val tokens in {len(meta['val_shards'])}, vocab {vocab}, in {out_dir}\n"
         f"train on them: python sweep.py -m +experiment=gpu/gamma_scan data=tokens data.paths={out_dir} "

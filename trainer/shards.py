@@ -18,6 +18,8 @@ Needs numpy only: the sweep driver reads headers without torch.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +31,7 @@ MAGIC, VERSION, HEADER_INTS = 20240520, 1, 256
 HEADER_BYTES = HEADER_INTS * 4
 HEADERED_DTYPE = "uint16"
 ITEM_BYTES = {"uint16": 2, "uint32": 4}
+SHARDS_META, TOKENIZER_FILE = "shards.json", "tokenizer.json"  # what trainer/make_shards.py writes beside them
 
 
 @dataclass(frozen=True)
@@ -153,3 +156,36 @@ def write_shard(path: Path, tokens: np.ndarray) -> None:
     with open(path, "wb") as f:
         f.write(header.tobytes())
         f.write(tokens.astype("<u2").tobytes())
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def recorded_tokenizer(files: list[Path]) -> Path:
+    """The tokenizer.json that trainer/make_shards.py made these shards with, read from the
+    shards.json beside them; ValueError saying why when there is none, or not one for all."""
+    found: dict[str, Path] = {}
+    for folder in sorted({Path(f).resolve().parent for f in files}):
+        meta_path = folder / SHARDS_META
+        if not meta_path.is_file():
+            raise ValueError(f"{folder} has no {SHARDS_META} (shards not made by python -m trainer.make_shards)")
+        meta = json.loads(meta_path.read_text())
+        listed = set(meta.get("train_shards", [])) | set(meta.get("val_shards", []))
+        strays = sorted(Path(f).name for f in files if Path(f).resolve().parent == folder and Path(f).name not in listed)
+        if strays:
+            raise ValueError(f"{meta_path} does not list {strays[:3]}: they were not made with its tokenizer")
+        tok = folder / meta.get("tokenizer_file", TOKENIZER_FILE)
+        if not tok.is_file():
+            raise ValueError(f"{tok} does not exist")
+        digest = file_sha256(tok)
+        if meta.get("tokenizer_sha256", digest) != digest:  # shards.json before the digest was recorded: trusted
+            raise ValueError(f"{tok} changed after make_shards wrote {meta_path} (sha256 differs)")
+        found.setdefault(digest, tok)
+    if len(found) != 1:
+        raise ValueError(f"the shards come from {len(found)} different tokenizers: {sorted(map(str, found.values()))}")
+    return next(iter(found.values()))
