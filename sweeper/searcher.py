@@ -61,7 +61,7 @@ class StudySearcher(Searcher):
             return Searcher.FINISHED
         self.study.set_attrs(trial, identity=spec.identity, trial_dir=spec.out_dir)
         self.live[trial_id] = (trial, spec)
-        return {"spec": spec, "number": trial.number}
+        return spec.tune_config(trial.number)
 
     def on_trial_result(self, trial_id: str, result: dict) -> None:
         if trial_id in self.live and result.get(METRIC) is not None and "step" in result:

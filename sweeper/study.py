@@ -7,6 +7,7 @@ skip finished trials and to reuse (not duplicate) trials a killed driver left RU
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import math
 import time
@@ -19,6 +20,7 @@ import sqlalchemy.exc
 from optuna.distributions import BaseDistribution
 from optuna.trial import FrozenTrial, TrialState
 
+from core import results_schema as schema
 from core.errors import ConfigError, first_line
 
 if TYPE_CHECKING:
@@ -26,6 +28,7 @@ if TYPE_CHECKING:
     from .trainable import TrialSpec
 
 SAMPLERS = ("tpe", "random", "gp", "grid")
+TRIAL_DIR = "trial_dir"  # the user attribute that names a trial's folder
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 
 
@@ -125,9 +128,32 @@ class Study:
     def __init__(self, storage: optuna.storages.BaseStorage, name: str, sampler: optuna.samplers.BaseSampler):
         self.study = optuna.create_study(storage=storage, study_name=name, sampler=sampler, direction="minimize", load_if_exists=True)
         self.storage = storage
+        # Trial folders are recorded relative to the folder holding the SQLite file (the sweep
+        # folder, by default), like results.parquet's paths, so a moved or copied sweep folder
+        # still finds them; outside it, or with a database server, they stay absolute.
+        url = getattr(storage, "url", "")
+        self.home = Path(url.removeprefix("sqlite:///")).parent if url.startswith("sqlite:///") else None
+
+    def stored_path(self, path: str | Path) -> str:
+        return schema.to_stored_path(path, self.home) if self.home is not None else str(path)
+
+    def local_path(self, stored: str | None, identity: str | None = None) -> str | None:
+        """Where a recorded trial folder is now; absolute records (older studies) are read as they are."""
+        return schema.to_local_path(stored, self.home, identity) if self.home is not None else stored
+
+    def _localised(self, t: FrozenTrial) -> FrozenTrial:
+        """t, its trial_dir attribute resolved (a copy: the storage caches the frozen trials)."""
+        stored = t.user_attrs.get(TRIAL_DIR)
+        local = self.local_path(stored, t.user_attrs.get("identity"))
+        if local == stored:
+            return t
+        t = copy.copy(t)
+        t.user_attrs = {**t.user_attrs, TRIAL_DIR: local}
+        return t
 
     def by_identity(self) -> dict[str, FrozenTrial]:
-        """Latest trial per identity, a finished one preferred over a RUNNING one."""
+        """Latest trial per identity, a finished one preferred over a RUNNING one; its trial_dir
+        attribute is where the folder is now."""
         out: dict[str, FrozenTrial] = {}
         for t in self.study.get_trials(deepcopy=False):
             ident = t.user_attrs.get("identity")
@@ -136,7 +162,7 @@ class Study:
             prev = out.get(ident)
             if prev is None or (t.state in FINISHED) >= (prev.state in FINISHED):
                 out[ident] = t
-        return out
+        return {ident: self._localised(t) for ident, t in out.items()}
 
     def grid_distributions(self, space: SweepSpace) -> dict[str, BaseDistribution]:
         """The distributions to record a grid's points with, given what the study already
@@ -186,6 +212,8 @@ class Study:
         return self.storage.get_trial(trial._trial_id)
 
     def set_attrs(self, trial: FrozenTrial, **attrs: Any) -> None:
+        if TRIAL_DIR in attrs:
+            attrs[TRIAL_DIR] = self.stored_path(attrs[TRIAL_DIR])
         for key, value in attrs.items():
             self.storage.set_trial_user_attr(trial._trial_id, key, value)
 

@@ -29,7 +29,7 @@ from optuna.trial import TrialState
 
 from core.trial_dir import TrialDir
 
-from .study import Study
+from .study import TRIAL_DIR, Study
 
 
 def restore_from_folders(study: Study, sweep_dir: Path, distributions: dict[str, BaseDistribution]) -> tuple[int, int]:
@@ -56,7 +56,7 @@ def restore_from_folders(study: Study, sweep_dir: Path, distributions: dict[str,
     for d in ended:
         params = plans[d.identity]
         state, value, attrs = _outcome(d)
-        attrs = {"identity": d.identity, "trial_dir": str(d.path), "restored_from_folder": True, **attrs}
+        attrs = {"identity": d.identity, TRIAL_DIR: study.stored_path(d.path), "restored_from_folder": True, **attrs}
         study.study.add_trial(optuna.trial.create_trial(
             state=state, value=value, params=params, distributions={k: dists[k] for k in params},
             user_attrs=attrs, intermediate_values=_val_curve(d)))

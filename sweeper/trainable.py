@@ -44,6 +44,14 @@ class TrialSpec:
     def label(self) -> str:
         return " ".join(f"{k}={v}" for k, v in self.params.items()) or self.identity
 
+    def tune_config(self, number: int) -> dict[str, Any]:
+        """The trial's config as Tune carries it: the spec the worker runs (Tune pickles it), and
+        beside it the swept values and the identity as plain scalars, so that Tune's dataframes
+        (ExperimentAnalysis, ResultGrid) have a `config/<key>` column per swept key. Only the spec
+        decides what trains: the identity is its hash, whatever Tune shows."""
+        flat = {k: v for k, v in self.params.items() if isinstance(v, bool | int | float | str)}
+        return {**flat, "identity": self.identity, "spec": self, "number": number}
+
 
 class TuneReporter:
     """Forwards each evaluation to Ray Tune (which drives ASHA and the searcher)."""

@@ -71,3 +71,21 @@ def run_cli(args: list[str], cwd: Path, timeout: float = 600, env: dict | None =
     full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
     return subprocess.run([sys.executable, str(REPO / "sweep.py"), *args], cwd=cwd, env=full_env,
                           capture_output=True, text=True, timeout=timeout)
+
+
+# The report's tiny sweep (8 trials: gamma x eps x train seed), run once per session through
+# the real CLI; tests/test_report.py reports it, tests/test_sweep_outputs.py reads what it left.
+SWEEP_ARGS = [
+    "-m", "model=nano", "init.gamma=0.5,1.0", "norm.eps=1e-5,1e-12", "train.seed=0,1", "train.batch_size=4",
+    "train.seq_len=32", "train.max_tokens=1024", "train.eval_every=4", "train.eval_tokens=512",
+    "train.per_token_eval_tokens=256", "train.probe_every=4", "train.threads=1", "wandb.mode=disabled",
+    "ray.num_cpus=2", "name=rep",
+]
+
+
+@pytest.fixture(scope="session")
+def tiny_sweep(tmp_path_factory, data_cache) -> Path:
+    tmp = tmp_path_factory.mktemp("report-sweep")
+    proc = run_cli(SWEEP_ARGS, cwd=tmp, env={"SMALLINIT_CACHE": str(data_cache)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return tmp / "sweeps" / "rep"

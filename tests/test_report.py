@@ -27,28 +27,14 @@ from experiments.screenshot import find_browser
 from experiments.stats import A_HIGHER, A_LOWER, ONE_SEED, WITHIN, compare, verdict
 from experiments.tokens import delta_sym
 
-from .conftest import REPO, run_cli
+from .conftest import REPO
 
-SWEEP_ARGS = [
-    "-m", "model=nano", "init.gamma=0.5,1.0", "norm.eps=1e-5,1e-12", "train.seed=0,1", "train.batch_size=4",
-    "train.seq_len=32", "train.max_tokens=1024", "train.eval_every=4", "train.eval_tokens=512",
-    "train.per_token_eval_tokens=256", "train.probe_every=4", "train.threads=1", "wandb.mode=disabled",
-    "ray.num_cpus=2", "name=rep",
-]
 WIDTHS = "64,128,256"
 
 
 def report_cli(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "experiments.report", *args], cwd=cwd, capture_output=True,
                           text=True, timeout=600, env={**__import__("os").environ, "PYTHONPATH": str(REPO)})
-
-
-@pytest.fixture(scope="session")
-def tiny_sweep(tmp_path_factory, data_cache) -> Path:
-    tmp = tmp_path_factory.mktemp("report-sweep")
-    proc = run_cli(SWEEP_ARGS, cwd=tmp, env={"SMALLINIT_CACHE": str(data_cache)})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return tmp / "sweeps" / "rep"
 
 
 @pytest.fixture(scope="session")
