@@ -6,6 +6,9 @@
     hydra.sweeper.max_concurrent=null    null = as many as the Ray cluster's CPUs allow
     hydra.sweeper.asha.enabled=true      ASHA early stopping on validation loss
     hydra.sweeper.reuse_workers=true     run trials back to back in the same Ray worker
+    hydra.sweeper.protocol.tune=[optim.lr] hydra.sweeper.protocol.tune_seeds=[100]
+    hydra.sweeper.protocol.confirm_seeds=[1,2,3,4]
+                                         select, then confirm (sweeper/protocol.py)
 Ray and W&B settings are top-level keys (ray.*, wandb.*) in conf/config.yaml.
 """
 
@@ -23,6 +26,23 @@ class AshaConf:
     # In optimizer steps; null = a quarter of a trial's steps.
     grace_period: int | None = None
     reduction_factor: int = 3
+
+
+@dataclass
+class ProtocolConf:
+    """hydra.sweeper.protocol.*: select, then confirm (sweeper/protocol.py). Empty = no
+    protocol: every grid point runs as given."""
+
+    tune: list[str] = field(default_factory=list)
+    tune_seeds: list[int] = field(default_factory=list)
+    confirm_seeds: list[int] = field(default_factory=list)
+    # The key the seeds are values of: `seed` sets both the init and the data order.
+    seed_key: str = "seed"
+    max_extensions: int = 2
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.tune or self.tune_seeds or self.confirm_seeds)
 
 
 @dataclass
@@ -49,6 +69,7 @@ class SmallinitSweeperConf:
     # logger imports torch into the driver, and metrics.jsonl and W&B hold the same numbers.
     tensorboard: bool = False
     asha: AshaConf = field(default_factory=AshaConf)
+    protocol: ProtocolConf = field(default_factory=ProtocolConf)
 
 
 def check_sweeper_conf(conf: SmallinitSweeperConf) -> None:
@@ -68,5 +89,9 @@ def register() -> None:
 
 def sweeper_conf_from(kwargs: dict[str, Any]) -> SmallinitSweeperConf:
     kwargs = {k: v for k, v in kwargs.items() if k != "_target_"}
+    from omegaconf import OmegaConf
+
+    kwargs = {k: OmegaConf.to_container(v) if OmegaConf.is_config(v) else v for k, v in kwargs.items()}
     asha = AshaConf(**(kwargs.pop("asha", None) or {}))
-    return SmallinitSweeperConf(**kwargs, asha=asha)
+    protocol = ProtocolConf(**(kwargs.pop("protocol", None) or {}))
+    return SmallinitSweeperConf(**kwargs, asha=asha, protocol=protocol)

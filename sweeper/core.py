@@ -15,19 +15,22 @@
 
 from __future__ import annotations
 
+import itertools
 import sys
 import threading
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
+from optuna.trial import TrialState
 
 from core.errors import ConfigError
+from core.files import atomic_write_json
 from core.results_schema import results_path
 from trainer.data_check import check_trials
 from trainer.host_memory import check_switch as check_allocator_switch
 
-from . import resources, stop
+from . import protocol, resources, stop
 from .cluster import check_reachable, connect_ray, stop_ray
 from .compose import Composer, validate_sweep
 from .config import SmallinitSweeperConf, check_sweeper_conf
@@ -35,7 +38,9 @@ from .lock import hold_driver_lock
 from .plan import plan_sweep
 from .precheck import check_name
 from .space import parse_sweep
+from .study import FINISHED
 from .summary import failed_run_message
+from .trainable import TrialSpec
 from .tuner import import_tune, run_trials
 
 
@@ -56,36 +61,164 @@ def _run(conf: SmallinitSweeperConf, loader, base: DictConfig, arguments: list[s
     resources.check_local(ray_cfg)
     check_allocator_switch()  # read again by each trial's worker
     space = parse_sweep(arguments, dict(conf.params) if conf.params else None)
+    if conf.protocol.enabled:
+        protocol.check(conf.protocol, space, conf.asha.enabled)
     sweep_dir = Path(base.hydra.sweep.dir).resolve()
     composer = Composer(loader, base, space, sweep_dir)
-    grid_specs, checked = validate_sweep(composer)
+    if conf.protocol.enabled:  # stage 1's points, and every setting on each confirm seed
+        grid_specs, checked = _protocol_specs(conf.protocol, composer)
+    else:
+        grid_specs, checked = validate_sweep(composer)
     check_trials([spec.trial for spec in checked])  # every corpus read and checked before the first write
     if ray_cfg.get("address"):
         check_reachable(ray_cfg["address"])
     hold_driver_lock(sweep_dir)  # one driver per folder, from its first write to its exit
-    plan = plan_sweep(conf, composer, grid_specs, checked, str(base.get("name", "sweep")))
-    print(plan.summary(), flush=True)
-    outcome = None
-    if plan.has_work:  # a rerun of a finished sweep needs no cluster
-        # Ray's start (~4 s, mostly waiting for its processes) overlaps Tune's imports (~1 s).
-        ready = _Background(import_tune)
-        started = connect_ray(ray_cfg)
-        stop.install()  # ray.init set its own SIGTERM handler
-        try:
-            resources.check_cluster(ray_cfg)
-            ready.result()
-            outcome = run_trials(conf, ray_cfg, plan)
-        finally:
-            if started:
-                stop_ray()
-    df = write_results(sweep_dir, plan.study)
+    name = str(base.get("name", "sweep"))
+    trials = _Trials(conf, ray_cfg)
+    try:
+        if conf.protocol.enabled:
+            study = _run_protocol(conf, composer, name, trials)
+        else:
+            plan = plan_sweep(conf, composer, grid_specs, checked, name)
+            print(plan.summary(), flush=True)
+            trials.run(plan)
+            study = plan.study
+    finally:
+        trials.close()
+    df = write_results(sweep_dir, study)
     if stop.received() is not None:
         print(f"stopped by {stop.signal_name()}; rerun the same command to resume", file=sys.stderr)
-    elif outcome and outcome.aborted:
-        sys.exit(f"error: {outcome.aborted}")
-    elif outcome and outcome.failed:
-        sys.exit(f"error: {failed_run_message(outcome.failed, outcome.ended, results_path(sweep_dir))}")
+    elif trials.aborted:
+        sys.exit(f"error: {trials.aborted}")
+    elif trials.failed:
+        sys.exit(f"error: {failed_run_message(trials.failed, trials.ended, results_path(sweep_dir))}")
     return df.to_dict("records")
+
+
+class _Trials:
+    """Runs plans on Ray, started (or connected to) when the first plan has work: a rerun of
+    a finished sweep needs no cluster. Sums the outcomes of every plan it ran."""
+
+    def __init__(self, conf: SmallinitSweeperConf, ray_cfg: dict[str, Any]):
+        self.conf, self.ray_cfg = conf, ray_cfg
+        self.connected, self.started = False, False
+        self.aborted: str | None = None
+        self.failed = self.ended = 0
+
+    def run(self, plan) -> None:
+        if not plan.has_work:
+            return
+        if not self.connected:
+            # Ray's start (~4 s, mostly waiting for its processes) overlaps Tune's imports (~1 s).
+            ready = _Background(import_tune)
+            self.started, self.connected = connect_ray(self.ray_cfg), True
+            stop.install()  # ray.init set its own SIGTERM handler
+            resources.check_cluster(self.ray_cfg)
+            ready.result()
+        outcome = run_trials(self.conf, self.ray_cfg, plan)
+        self.aborted = self.aborted or outcome.aborted
+        self.failed += outcome.failed
+        self.ended += outcome.ended
+
+    @property
+    def go_on(self) -> bool:
+        return stop.received() is None and self.aborted is None
+
+    def close(self) -> None:
+        if self.started:
+            stop_ray()
+
+
+def _protocol_specs(conf: protocol.ProtocolConf, composer: Composer) -> tuple[list[TrialSpec], list[TrialSpec]]:
+    """(stage 1's first round, that plus each setting on every confirm seed): composed and
+    checked before launch, so a bad seed or setting fails now, not after the tuning."""
+    space = composer.space
+    initial = {k: list(space.discrete[k].values) for k in conf.tune}
+    first = {k: v[0] for k, v in initial.items()}
+    setts = protocol.settings(conf, space)
+    tune = [{**s, **combo, conf.seed_key: seed} for s in setts
+            for combo in (dict(zip(initial, vals)) for vals in itertools.product(*initial.values()))
+            for seed in conf.tune_seeds]
+    confirm = [{**s, **first, conf.seed_key: seed} for s in setts for seed in conf.confirm_seeds]
+    composer.space = protocol.round_space(space, tune + confirm)
+    specs = [composer.spec(p) for p in tune]
+    checked = specs + [composer.spec(p) for p in confirm]
+    composer.space = space  # the sweep as given: each round derives its own from it
+    return specs, checked
+
+
+def _run_protocol(conf: SmallinitSweeperConf, composer: Composer, name: str, trials: _Trials):
+    """Tune rounds until every setting has its choice, then the confirm round. Each round is a
+    plan over the points it needs, so what finished before (this run or an earlier one) is
+    skipped as in any sweep; the first round's plan opens the study the next rounds read."""
+    pconf, base = conf.protocol, composer.space
+    initial = {k: list(base.discrete[k].values) for k in pconf.tune}
+    setts = protocol.settings(pconf, base)
+    study, previous = None, None
+    for round_number in itertools.count(1):
+        outcome = _outcomes(composer, base, study) if study is not None else (lambda _: protocol.PENDING)
+        settled = [protocol.settle(pconf, s, initial, outcome) for s in setts]
+        todo = [p for points, _ in settled for p in points]
+        if not todo:
+            break
+        if todo == previous:  # the round ran and its trials still did not end
+            raise ConfigError(f"stage 1 (tune) could not finish round {round_number - 1}: "
+                              f"{len(todo)} trial(s) did not end; see results.parquet and rerun")
+        plan = _plan_round(conf, composer, base, name, todo, f"stage 1 (tune), round {round_number}")
+        trials.run(plan)
+        study, previous = plan.study, todo
+        if not trials.go_on:
+            return study
+    choices = [c for _, c in settled]
+    for line in _choice_lines(pconf, choices):
+        print(line, flush=True)
+    record = protocol.record(pconf, choices)
+    atomic_write_json(composer.sweep_dir / protocol.RECORD, record)
+    study.study.set_user_attr("protocol", record)
+    confirm = protocol.confirm_points(pconf, choices)
+    if confirm:
+        plan = _plan_round(conf, composer, base, name, confirm, "stage 2 (confirm)")
+        trials.run(plan)
+        study = plan.study
+    return study
+
+
+def _plan_round(conf, composer: Composer, base, name: str, points: list[dict[str, Any]], label: str):
+    composer.space = protocol.round_space(base, points)
+    specs = [composer.spec(p) for p in points]
+    seeds = {"tune_seeds": conf.protocol.tune_seeds, "confirm_seeds": conf.protocol.confirm_seeds}
+    for spec in specs:  # recorded by the searcher when it creates the study trial
+        spec.role = protocol.role_of(spec.params[conf.protocol.seed_key], seeds)
+    plan = plan_sweep(conf, composer, specs, specs, name)
+    print(f"protocol: {label}: {plan.summary()}", flush=True)
+    return plan
+
+
+def _outcomes(composer: Composer, base, study) -> protocol.Outcome:
+    """params -> the trial's final loss, None if it ended without one, or protocol.PENDING."""
+    known = study.by_identity()
+
+    def outcome(params: dict[str, Any]) -> Any:
+        composer.space = protocol.round_space(base, [params])
+        t = known.get(composer.spec(params).identity)
+        if t is None or t.state not in FINISHED:
+            return protocol.PENDING
+        return t.value if t.state == TrialState.COMPLETE else None
+
+    return outcome
+
+
+def _choice_lines(pconf, choices: list[protocol.Choice]) -> list[str]:
+    lines = []
+    for c in choices:
+        setting = " ".join(f"{k}={v}" for k, v in c.setting.items()) or "(the one setting)"
+        if c.chosen is None:
+            lines.append(f"protocol: {setting}: no value completed on every tuning seed; not confirmed")
+            continue
+        chosen = " ".join(f"{k}={v}" for k, v in c.chosen.items())
+        edge = f" (at the edge of {c.at_edge} after {pconf.max_extensions} extensions a side)" if c.at_edge else ""
+        lines.append(f"protocol: {setting}: chose {chosen} on {pconf.seed_key} {pconf.tune_seeds}{edge}")
+    return lines
 
 
 def _quiet_libraries() -> None:

@@ -59,7 +59,8 @@ class StudySearcher(Searcher):
                 return self.suggest(trial_id)
         else:
             return Searcher.FINISHED
-        self.study.set_attrs(trial, identity=spec.identity, trial_dir=spec.out_dir)
+        role = {"role": spec.role} if spec.role else {}
+        self.study.set_attrs(trial, identity=spec.identity, trial_dir=spec.out_dir, **role)
         self.live[trial_id] = (trial, spec)
         return spec.tune_config(trial.number)
 

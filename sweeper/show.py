@@ -17,17 +17,26 @@ from trainer.config import TrialConfig, trial_config_from_dict
 from trainer.data_check import check_trial, describe, passes
 from trainer.data_config import CorpusData
 
+from . import protocol
+from .config import ProtocolConf
 from .space import parse_sweep
 
 
 def show(argv: list[str], conf_dir: Path) -> str:
     multirun = "-m" in argv or "--multirun" in argv
     lines = [a for a in argv if not a.startswith("-")]
+    # The experiment and the sweeper's own settings shape the sweep; the rest are its overrides.
+    sweep_settings = [a for a in lines if "experiment" in a.split("=", 1)[0] or a.startswith("hydra.sweeper.")]
     with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
-        base = compose("config", overrides=[a for a in lines if "experiment" in a.split("=", 1)[0]],
-                       return_hydra_config=True)
-        params = (OmegaConf.to_container(base.hydra.sweeper.params or {}) or {}) if multirun else {}
-        space = parse_sweep(lines, params)
+        base = compose("config", overrides=sweep_settings, return_hydra_config=True)
+        params = _container(base.hydra.sweeper.params) if multirun else {}
+        space = space_given = parse_sweep([a for a in lines if not a.startswith("hydra.sweeper.")], params)
+        pconf = ProtocolConf(**_container(base.hydra.sweeper.get("protocol")))
+        if multirun and pconf.enabled:
+            protocol.check(pconf, space, asha=bool(base.hydra.sweeper.asha.enabled))
+            # What stage 1 runs first: each setting at every tuned value on the tuning seeds.
+            points = [{**s, pconf.seed_key: seed} for s in space.grid() for seed in pconf.tune_seeds]
+            space = protocol.round_space(space, points)
         points = space.grid() if space.mode == "grid" else [{}]
         trials = []
         for point in points:
@@ -49,7 +58,14 @@ def show(argv: list[str], conf_dir: Path) -> str:
                "setting is not used). Above: the first; all of them:")
     for p, t in trials:
         out.append(f"#   {t.identity()}  " + " ".join(f"{k}={v}" for k, v in p.items()))
+    if pconf.enabled:
+        out += protocol.describe_plan(pconf, space_given)
     return "\n".join(out)
+
+
+def _container(node) -> dict:
+    """A config node as a plain dict ({} for a missing or null node)."""
+    return (OmegaConf.to_container(node) or {}) if OmegaConf.is_config(node) else {}
 
 
 def _passes(trial: TrialConfig) -> list[str]:

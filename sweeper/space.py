@@ -43,6 +43,9 @@ class SweepSpace:
     fixed: list[str] = field(default_factory=list)  # plain overrides, passed to every trial
     discrete: dict[str, Choices] = field(default_factory=dict)
     intervals: dict[str, BaseDistribution] = field(default_factory=dict)
+    # The grid's points when they are not every combination (a round of the select-then-
+    # confirm protocol: each setting at its own values); None = the full product.
+    points: list[dict[str, Any]] | None = None
 
     @property
     def mode(self) -> str:
@@ -54,6 +57,8 @@ class SweepSpace:
 
     def grid(self) -> list[dict[str, Any]]:
         """Every combination of the discrete sweeps, as {key: value}, in command-line order."""
+        if self.points is not None:
+            return [dict(p) for p in self.points]
         keys = list(self.discrete)
         combos = itertools.product(*(range(len(self.discrete[k].values)) for k in keys))
         return [{k: self.discrete[k].values[i] for k, i in zip(keys, combo)} for combo in combos]

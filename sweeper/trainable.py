@@ -40,6 +40,8 @@ class TrialSpec:
     sweep_name: str
     wandb: dict[str, Any] = field(default_factory=dict)
     threads: int = 1
+    # Its role under hydra.sweeper.protocol (tune or confirm), recorded in the study; None without.
+    role: str | None = None
 
     def label(self) -> str:
         return " ".join(f"{k}={v}" for k, v in self.params.items()) or self.identity
