@@ -1,6 +1,6 @@
 """The results table (`results.parquet` in a sweep folder): its columns, in one place.
 
-sweeper/results.py writes one row per trial in this order; experiments/load.py reads it; the
+sweeper/results.py writes one row per trial (one per budget for a train.budgets trial) in this order; experiments/load.py reads it; the
 README's "The results table" documents it. A row holds plain Python values (None where a
 trial has no value) and pandas infers the storage type, so an int column with a missing value
 is stored as float64: tables written before this module existed read back unchanged.
@@ -22,7 +22,9 @@ COMPLETE, PRUNED, FAIL, INTERRUPTED, RUNNING = "COMPLETE", "PRUNED", "FAIL", "IN
 
 # The columns code branches on, named once.
 TRIAL_NUMBER, IDENTITY, STATE, FAIL_REASON = "trial_number", "identity", "state", "fail_reason"
+TRIAL_IDENTITY, BUDGET_TOKENS = "trial_identity", "budget_tokens"
 FINAL_VAL_LOSS = "final_val_loss"
+BUDGET_SEP = "@"  # a budget row's identity: <trial identity>@<budget_tokens>
 
 PARAM_PREFIX = "param."
 ANCHOR_PREFIX = "anchor_"
@@ -37,7 +39,8 @@ class Column:
 
 LEAD_COLUMNS = (
     Column(TRIAL_NUMBER, int, "the Optuna trial number"),
-    Column(IDENTITY, str, "hash of the resolved config (minus hardware and paths); the trial folder's name"),
+    Column(IDENTITY, str, "the row's identity: the trial's, plus @<budget_tokens> on each budget of a train.budgets trial"),
+    Column(TRIAL_IDENTITY, str, "hash of the resolved config (minus hardware and paths); the trial folder's name"),
     Column(STATE, str, "COMPLETE, PRUNED, FAIL or INTERRUPTED"),
     Column(FAIL_REASON, str, "why a FAIL failed"),
 )
@@ -60,6 +63,7 @@ SETTING_COLUMNS = (
 )
 OUTCOME_COLUMNS = (
     Column("dtype", str, "what train.dtype resolved to on the machine that ran the trial"),
+    Column(BUDGET_TOKENS, int, "the token budget the row is for: its budget (train.budgets), else the trial's planned tokens"),
     Column("tokens", int, "training tokens seen"),
     Column("corpus_tokens", int, "training tokens of the trial's corpus (passes = tokens / corpus_tokens)"),
     Column(FINAL_VAL_LOSS, float, "validation loss (nats/token) at the end"),
@@ -111,6 +115,15 @@ def is_known_column(name: str) -> bool:
     return name in COLUMNS or name.startswith((PARAM_PREFIX, ANCHOR_PREFIX))
 
 
+def budget_identity(identity: str, budget_tokens: int) -> str:
+    return f"{identity}{BUDGET_SEP}{budget_tokens}"
+
+
+def trial_identity(identity: str) -> str:
+    """The trial's identity of a row's identity (budget rows carry @<budget_tokens>)."""
+    return identity.split(BUDGET_SEP, 1)[0]
+
+
 def results_path(sweep_dir: str | Path) -> Path:
     return Path(sweep_dir) / RESULTS_FILE
 
@@ -136,6 +149,7 @@ def to_local_path(stored: str | None, sweep_dir: str | Path, identity: str | Non
     path = Path(stored)
     if not path.is_absolute():
         return str(Path(sweep_dir) / path)
+    identity = trial_identity(identity) if identity else identity
     if not path.exists() and identity and identity in path.parts:
         moved = Path(sweep_dir) / Path(*path.parts[path.parts.index(identity) - 1:])
         if moved.exists():

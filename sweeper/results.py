@@ -1,4 +1,5 @@
-"""The results table: `results.parquet` in the sweep folder, one row per trial.
+"""The results table: `results.parquet` in the sweep folder, one row per trial, or per budget
+for a trial with train.budgets (identity `<trial>@<budget_tokens>`, from budgets/<tokens>.json).
 
 Built from what the trials wrote (core.trial_dir: trial.json, result.json, failure.json) and
 the study's states, so it can always be rebuilt and never drops a finished trial. Written
@@ -22,14 +23,15 @@ if TYPE_CHECKING:
     from .study import Study
 
 
-def trial_row(trial_dir: TrialDir, study_state: dict[str, Any] | None = None,
-              sweep_dir: Path | None = None) -> dict[str, Any] | None:
+def trial_rows(trial_dir: TrialDir, study_state: dict[str, Any] | None = None,
+               sweep_dir: Path | None = None) -> list[dict[str, Any]]:
+    """The trial's row, or one row per budget of a train.budgets trial; [] before it is planned."""
     meta = trial_dir.read_trial(damaged_ok=True)
     plan = trial_dir.read_sweep_plan()
     if meta is None and "config" in plan:  # planned, but its worker never started training
         meta = {"identity": plan["identity"], "config": plan["config"]}
     if meta is None:
-        return None
+        return []
     cfg = meta["config"]
     model, train = cfg["model"], cfg["train"]
     result, failure = trial_dir.read_result(damaged_ok=True), trial_dir.read_failure(damaged_ok=True)
@@ -47,6 +49,7 @@ def trial_row(trial_dir: TrialDir, study_state: dict[str, Any] | None = None,
     row.update(
         trial_number=study_state.get("number"),
         identity=meta["identity"],
+        trial_identity=meta["identity"],
         state=state,
         # Only a failed row has a reason: a trial that ran again and completed carries none.
         fail_reason=((failure or {}).get("reason") or study_state.get("fail_reason")) if state == schema.FAIL else None,
@@ -68,32 +71,74 @@ def trial_row(trial_dir: TrialDir, study_state: dict[str, Any] | None = None,
         trial_dir=str(trial_dir.path),
         metrics_path=str(trial_dir.metrics),
         probes_dir=str(trial_dir.probes),
+        budget_tokens=_planned_tokens(train),
     )
     if result is not None:
-        final = result.get("final_metrics", {})
-        row.update(
-            n_params=result["n_params"], tokens=result["tokens"], final_val_loss=result["final_val_loss"],
-            best_val_loss=result["best_val_loss"], unigram_entropy=result["unigram_entropy"], wall_s=result["wall_s"],
-            tokens_per_s=result["tokens_per_s"], mfu=result["mfu"], dtype=result.get("dtype"),
-            corpus_tokens=result.get("corpus_tokens"),
-            per_token_losses_path=result["artifacts"].get("per_token_losses") or None,
-        )
-        for column in schema.PROBE_COLUMNS:
-            row[column.name] = final.get(schema.probe_metric(column))
-        for key, value in final.items():
-            if key.startswith("anchor/"):
-                row[schema.anchor_column(key)] = value
+        row.update(_outcome(result))
     elif state == schema.PRUNED:
         last = trial_dir.last_metrics()
         row.update(final_val_loss=last.get("val/loss"), best_val_loss=last.get("val/best_loss"), tokens=last.get("tokens"))
+    rows = _budget_rows(row, trial_dir, train["budgets"]) if train.get("budgets") else [row]
     if sweep_dir is not None:
-        for column in schema.PATH_COLUMNS:
-            row[column] = schema.to_stored_path(row[column], sweep_dir)
-    return row
+        for r in rows:
+            for column in schema.PATH_COLUMNS:
+                r[column] = schema.to_stored_path(r[column], sweep_dir)
+    return rows
+
+
+def _planned_tokens(train: dict[str, Any]) -> int:
+    """The tokens a finished trial trains: whole steps of its budget (TrainConfig.total_steps)."""
+    per_step = train["batch_size"] * train["seq_len"] * train["grad_accum"]
+    steps = train["max_steps"] if train.get("max_steps") is not None else train["max_tokens"] // per_step
+    return steps * per_step
+
+
+def _outcome(result: dict[str, Any]) -> dict[str, Any]:
+    """The outcome columns of a result (result.json, or a budget's budgets/<tokens>.json)."""
+    final = result.get("final_metrics", {})
+    out = dict(
+        n_params=result["n_params"], tokens=result["tokens"], final_val_loss=result["final_val_loss"],
+        best_val_loss=result["best_val_loss"], unigram_entropy=result["unigram_entropy"], wall_s=result["wall_s"],
+        tokens_per_s=result["tokens_per_s"], mfu=result["mfu"], dtype=result.get("dtype"),
+        corpus_tokens=result.get("corpus_tokens"),
+        per_token_losses_path=result.get("artifacts", {}).get("per_token_losses") or None,
+    )
+    for column in schema.PROBE_COLUMNS:
+        out[column.name] = final.get(schema.probe_metric(column))
+    for key, value in final.items():
+        if key.startswith("anchor/"):
+            out[schema.anchor_column(key)] = value
+    return out
+
+
+def _budget_rows(row: dict[str, Any], trial_dir: TrialDir, budgets: list[int]) -> list[dict[str, Any]]:
+    """One row per budget. A budget whose branch has been evaluated is COMPLETE with its own
+    numbers, even while the trial runs on; the others carry the trial's state and no numbers
+    (a PRUNED trial's last numbers go to the largest budget, the run they came from). Only the
+    largest budget's row names metrics.jsonl, probes/ and per-token losses: they follow the
+    main run, not the other budgets' cooldowns."""
+    outcome = {c.name: None for c in schema.OUTCOME_COLUMNS if c.name not in ("node_id", "attempts", schema.BUDGET_TOKENS)}
+    outcome.update({c.name: None for c in schema.PROBE_COLUMNS}, per_token_losses_path=None)
+    rows = []
+    for tokens in budgets:
+        largest = tokens == budgets[-1]
+        out = dict(row, identity=schema.budget_identity(row[schema.IDENTITY], tokens), budget_tokens=tokens)
+        branch = trial_dir.read_budget_result(tokens, damaged_ok=True)
+        if branch is not None:
+            out.update(outcome, state=schema.COMPLETE, fail_reason=None)
+            out.update(_outcome(branch))
+        elif row[schema.STATE] == schema.COMPLETE:  # result.json without its budget file: damaged or removed
+            out.update(outcome, state=schema.FAIL, fail_reason=f"{trial_dir.budget_json(tokens)} is missing or damaged")
+        elif not largest:
+            out.update(outcome)
+        if not largest:
+            out.update(metrics_path=None, probes_dir=None, per_token_losses_path=None)
+        rows.append(out)
+    return rows
 
 
 def build_table(sweep_dir: Path, study_states: dict[str, dict[str, Any]] | None = None) -> pd.DataFrame:
-    """One row per trial, in trial-number order: every trial folder under sweep_dir/trials,
+    """One row per trial (per budget of a train.budgets trial), in trial-number order: every trial folder under sweep_dir/trials,
     plus the study's trials whose folders live elsewhere (a study shared between sweep
     folders), each identity once."""
     study_states = study_states or {}
@@ -101,7 +146,7 @@ def build_table(sweep_dir: Path, study_states: dict[str, dict[str, Any]] | None 
     for ident, state in study_states.items():
         if ident not in dirs and state.get("trial_dir"):
             dirs[ident] = TrialDir(state["trial_dir"])
-    rows = [row for ident, d in dirs.items() if (row := trial_row(d, study_states.get(ident), sweep_dir)) is not None]
+    rows = [row for ident, d in dirs.items() for row in trial_rows(d, study_states.get(ident), sweep_dir)]
     df = pd.DataFrame(rows)
     if not df.empty:
         df = df.sort_values(schema.TRIAL_NUMBER, na_position="last", kind="stable").reset_index(drop=True)

@@ -20,7 +20,7 @@ NAMES = {
     "sweep_json": "sweep.json", "placement_json": "placement.json", "trial_json": "trial.json",
     "metrics": "metrics.jsonl", "probes": "probes", "checkpoint": "checkpoint.pt",
     "per_token_losses": "per_token_losses.npz", "model_weights": "model.pt", "result_json": "result.json",
-    "failure_json": "failure.json", "hydra_config": ".hydra/config.yaml", "hydra_overrides": ".hydra/overrides.yaml",
+    "failure_json": "failure.json", "budgets": "budgets", "hydra_config": ".hydra/config.yaml", "hydra_overrides": ".hydra/overrides.yaml",
 }
 
 
@@ -173,11 +173,11 @@ def _sweep(root) -> dict[str, dict]:
 # large string): files written before core.results_schema existed hold the same, so old sweep
 # folders still load. A column of only None is stored as null.
 PARQUET_TYPES = {
-    "trial_number": "int64", "identity": "string", "state": "string", "fail_reason": "string",
+    "trial_number": "int64", "identity": "string", "trial_identity": "string", "state": "string", "fail_reason": "string",
     "param.init.gamma": "double", "param.seed": "int64", "model": "string", "n_params": "double",
     "d_model": "int64", "n_layers": "int64", "gamma": "double", "init_seed": "int64", "eps": "double",
     "norm": "string", "gate": "string", "ffn": "string", "task": "string", "train_seed": "int64", "lr": "double",
-    "weight_decay": "double", "dtype": "string", "tokens": "double", "corpus_tokens": "null", "final_val_loss": "double",
+    "weight_decay": "double", "dtype": "string", "budget_tokens": "int64", "tokens": "double", "corpus_tokens": "null", "final_val_loss": "double",
     "best_val_loss": "double", "unigram_entropy": "double", "wall_s": "double", "tokens_per_s": "double",
     "mfu": "null", "node_id": "string", "attempts": "int64", "trial_dir": "string", "metrics_path": "string",
     "per_token_losses_path": "string", "probes_dir": "string", "attn_sink": "double", "stable_rank": "double",
