@@ -152,8 +152,10 @@ def run_trial(trial: TrialConfig, out_dir: Path, reporter: Reporter | None = Non
         optimizer.load_state_dict(state["optimizer"])
         start, best = state["step"], state["best_val_loss"]
         prior_wall, prior_train = state["wall_s"], state["train_s"]
-        log(f"resuming {identity} from step {start}/{total}")
     budgets_done = _budgets_done(folder, side, identity, state)
+    if state is not None:
+        note = f" (budgets done: {', '.join(str(b) for b in sorted(budgets_done))})" if budgets_done else ""
+        log(f"resuming {identity} from step {start}/{total}{note}")
     jsonl = JsonlReporter(folder.metrics, resume_step=start if state is not None else None)
     report = MultiReporter(jsonl, reporter)
     fwd = torch.compile(model) if t.compile else model
