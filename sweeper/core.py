@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import sys
 import threading
 from pathlib import Path
@@ -24,7 +25,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from optuna.trial import TrialState
 
-from core.errors import ConfigError
+from core.errors import ConfigError, first_line
 from core.files import atomic_write_json
 from core.results_schema import results_path
 from trainer.data_check import check_trials
@@ -61,9 +62,10 @@ def _run(conf: SmallinitSweeperConf, loader, base: DictConfig, arguments: list[s
     resources.check_local(ray_cfg)
     check_allocator_switch()  # read again by each trial's worker
     space = parse_sweep(arguments, dict(conf.params) if conf.params else None)
+    sweep_dir = Path(base.hydra.sweep.dir).resolve()
     if conf.protocol.enabled:
         protocol.check(conf.protocol, space, conf.asha.enabled)
-    sweep_dir = Path(base.hydra.sweep.dir).resolve()
+        protocol.check_record(conf.protocol, _read_record(sweep_dir))
     composer = Composer(loader, base, space, sweep_dir)
     if conf.protocol.enabled:  # stage 1's points, and every setting on each confirm seed
         grid_specs, checked = _protocol_specs(conf.protocol, composer)
@@ -172,7 +174,7 @@ def _run_protocol(conf: SmallinitSweeperConf, composer: Composer, name: str, tri
     choices = [c for _, c in settled]
     for line in _choice_lines(pconf, choices):
         print(line, flush=True)
-    record = protocol.record(pconf, choices)
+    record = protocol.record(pconf, choices, _read_record(composer.sweep_dir))
     atomic_write_json(composer.sweep_dir / protocol.RECORD, record)
     study.study.set_user_attr("protocol", record)
     confirm = protocol.confirm_points(pconf, choices)
@@ -181,6 +183,17 @@ def _run_protocol(conf: SmallinitSweeperConf, composer: Composer, name: str, tri
         trials.run(plan)
         study = plan.study
     return study
+
+
+def _read_record(sweep_dir: Path) -> dict[str, Any] | None:
+    path = sweep_dir / protocol.RECORD
+    if not path.exists():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ConfigError(f"{path} is unreadable ({first_line(e)}): move it aside and rerun; the choices are "
+                          "made again from the study, and nothing finished trains again") from None
 
 
 def _plan_round(conf, composer: Composer, base, name: str, points: list[dict[str, Any]], label: str):

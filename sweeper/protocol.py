@@ -25,6 +25,7 @@ nothing twice. Pure functions; the driver (core.py) runs the rounds.
 from __future__ import annotations
 
 import itertools
+import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -179,11 +180,30 @@ def role_of(seed: Any, record: dict[str, Any]) -> str | None:
     return None
 
 
-def record(conf: ProtocolConf, choices: list[Choice]) -> dict[str, Any]:
-    """What protocol.json and the study's `protocol` attribute hold."""
+def record(conf: ProtocolConf, choices: list[Choice], before: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What protocol.json and the study's `protocol` attribute hold. A folder grown by another
+    command (one more arm, more confirm seeds) keeps the choices of settings this one did not run."""
+    mine = {_setting_key(c.setting): c.to_dict() for c in choices}
+    kept = [c for c in (before or {}).get("choices", []) if _setting_key(c["setting"]) not in mine]
+    confirm = list(dict.fromkeys([*(before or {}).get("confirm_seeds", []), *conf.confirm_seeds]))
     return {"tune": list(conf.tune), "seed_key": conf.seed_key, "tune_seeds": list(conf.tune_seeds),
-            "confirm_seeds": list(conf.confirm_seeds), "max_extensions": conf.max_extensions,
-            "choices": [c.to_dict() for c in choices]}
+            "confirm_seeds": confirm, "max_extensions": conf.max_extensions, "choices": [*kept, *mine.values()]}
+
+
+def _setting_key(setting: dict[str, Any]) -> str:
+    return json.dumps(setting, sort_keys=True, default=str)
+
+
+def check_record(conf: ProtocolConf, before: dict[str, Any] | None) -> None:
+    """A folder's choices were made one way: a later command must tune the same keys on the
+    same seeds, or use its own folder. Before any trial."""
+    if before is None:
+        return
+    p = "hydra.sweeper.protocol"
+    for name in ("tune", "tune_seeds", "seed_key"):
+        if before.get(name) != getattr(conf, name) and before.get(name) != list(getattr(conf, name)):
+            raise ConfigError(f"{p}.{name}={getattr(conf, name)!r} is invalid for this folder: its {RECORD} chose with "
+                              f"{name}={before.get(name)!r}; keep that or use a new name=...")
 
 
 def describe_plan(conf: ProtocolConf, space: SweepSpace) -> list[str]:

@@ -175,3 +175,15 @@ def test_kill_9_inside_a_stage_then_rerun_trains_nothing_twice(tmp_path, data_ca
     assert set(df["state"]) == {"COMPLETE"} and (df["role"] == "confirm").sum() == 4
     placements = [json.loads(p.read_text()) for p in sweep_dir.glob("trials/*/placement.json")]
     assert all(len(p) <= 2 for p in placements)  # at most the killed attempt and its resume
+
+
+def test_a_folder_grown_by_another_command_keeps_the_choices_it_had():
+    a = protocol.Choice({"arm": "baseline"}, {"optim.lr": [1e-3, 1e-2]}, [], {"optim.lr": 1e-3}, [], 0)
+    b = protocol.Choice({"arm": "gamma_only"}, {"optim.lr": [1e-3, 1e-2]}, [], {"optim.lr": 1e-2}, [], 0)
+    first = protocol.record(CONF, [a])
+    grown = protocol.record(ProtocolConf(tune=["optim.lr"], tune_seeds=[100], confirm_seeds=[1, 2, 3]), [b], first)
+    assert [c["setting"]["arm"] for c in grown["choices"]] == ["baseline", "gamma_only"]
+    assert grown["confirm_seeds"] == [1, 2, 3]
+    protocol.check_record(CONF, first)  # the same protocol: fine
+    with pytest.raises(ConfigError, match="tune_seeds=.*chose with tune_seeds=\\[100\\]"):
+        protocol.check_record(ProtocolConf(tune=["optim.lr"], tune_seeds=[5], confirm_seeds=[1]), first)
