@@ -25,6 +25,7 @@ TRIAL_NUMBER, IDENTITY, STATE, FAIL_REASON = "trial_number", "identity", "state"
 TRIAL_IDENTITY, BUDGET_TOKENS = "trial_identity", "budget_tokens"
 FINAL_VAL_LOSS = "final_val_loss"
 BUDGET_SEP = "@"  # a budget row's identity: <trial identity>@<budget_tokens>
+ROLE = "role"
 
 PARAM_PREFIX = "param."
 ANCHOR_PREFIX = "anchor_"
@@ -43,6 +44,7 @@ LEAD_COLUMNS = (
     Column(TRIAL_IDENTITY, str, "hash of the resolved config (minus hardware and paths); the trial folder's name"),
     Column(STATE, str, "COMPLETE, PRUNED, FAIL or INTERRUPTED"),
     Column(FAIL_REASON, str, "why a FAIL failed"),
+    Column(ROLE, str, "tune or confirm: its seed's role under hydra.sweeper.protocol (None without one)"),
 )
 # param.<key> columns go here.
 SETTING_COLUMNS = (

@@ -8,6 +8,7 @@ atomically. Its columns are core.results_schema, documented in README.md ("The r
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -17,7 +18,7 @@ from core import results_schema as schema
 from core.files import atomic_write
 from core.trial_dir import TrialDir
 
-from . import summary
+from . import protocol, summary
 
 if TYPE_CHECKING:
     from .study import Study
@@ -51,6 +52,7 @@ def trial_rows(trial_dir: TrialDir, study_state: dict[str, Any] | None = None,
         identity=meta["identity"],
         trial_identity=meta["identity"],
         state=state,
+        role=study_state.get("role"),
         # Only a failed row has a reason: a trial that ran again and completed carries none.
         fail_reason=((failure or {}).get("reason") or study_state.get("fail_reason")) if state == schema.FAIL else None,
         model=cfg.get("preset"),
@@ -147,10 +149,27 @@ def build_table(sweep_dir: Path, study_states: dict[str, dict[str, Any]] | None 
         if ident not in dirs and state.get("trial_dir"):
             dirs[ident] = TrialDir(state["trial_dir"])
     rows = [row for ident, d in dirs.items() for row in trial_rows(d, study_states.get(ident), sweep_dir)]
+    _fill_roles(rows, sweep_dir)
     df = pd.DataFrame(rows)
     if not df.empty:
         df = df.sort_values(schema.TRIAL_NUMBER, na_position="last", kind="stable").reset_index(drop=True)
     return df
+
+
+def _fill_roles(rows: list[dict[str, Any]], sweep_dir: Path) -> None:
+    """A protocol trial the study lacks the role of (restored from its folder) takes it from
+    its seed, as protocol.json assigns them."""
+    path = Path(sweep_dir) / protocol.RECORD
+    if not path.exists():
+        return
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return  # the study's roles stand; the record is rewritten when stage 1 is next settled
+    seed_column = f"{schema.PARAM_PREFIX}{record.get('seed_key', 'seed')}"
+    for row in rows:
+        if row.get(schema.ROLE) is None:
+            row[schema.ROLE] = protocol.role_of(row.get(seed_column), record)
 
 
 def write_table(sweep_dir: Path, df: pd.DataFrame) -> Path:
@@ -164,7 +183,7 @@ def write_results(sweep_dir: Path, study: Study) -> pd.DataFrame:
     and the best trial."""
     states = {
         ident: {"number": t.number, "state": t.state.name, "fail_reason": t.user_attrs.get("fail_reason"),
-                "trial_dir": t.user_attrs.get("trial_dir")}
+                "trial_dir": t.user_attrs.get("trial_dir"), "role": t.user_attrs.get("role")}
         for ident, t in study.by_identity().items()
     }
     df = build_table(sweep_dir, states)
