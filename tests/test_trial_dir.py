@@ -173,7 +173,7 @@ def _sweep(root) -> dict[str, dict]:
 # large string): files written before core.results_schema existed hold the same, so old sweep
 # folders still load. A column of only None is stored as null.
 PARQUET_TYPES = {
-    "trial_number": "int64", "identity": "string", "trial_identity": "string", "state": "string", "fail_reason": "string",
+    "trial_number": "int64", "identity": "string", "trial_identity": "string", "state": "string", "fail_reason": "string", "role": "null",
     "param.init.gamma": "double", "param.seed": "int64", "model": "string", "n_params": "double",
     "d_model": "int64", "n_layers": "int64", "gamma": "double", "init_seed": "int64", "eps": "double",
     "norm": "string", "gate": "string", "ffn": "string", "task": "string", "train_seed": "int64", "lr": "double",
