@@ -2,8 +2,11 @@
 
 The study lives in sweeps/<name>/optuna.db; its name is the folder's name unless the sweep
 set hydra.sweeper.study_name, in which case the study whose trials carry the results'
-identities is used. A grid (every distribution categorical) or fewer than two completed
-trials gets a sentence instead.
+identities is used. A grid gets none (None, with no sentence: the report leaves the section
+out): its points were fixed, not sampled, and the report's tables already compare them. Its
+values are recorded as ranges, so a grid is told by the study's `sampled` attribute (False on
+every trial), or in a study from before that attribute, by every distribution being
+categorical. Fewer than two completed trials get a sentence instead.
 """
 
 from __future__ import annotations
@@ -39,7 +42,6 @@ def _find_study(db: Path, name: str, identities: set[str]):
 def importances(sweep_dir: Path, results: pd.DataFrame) -> tuple[dict[str, float] | None, str]:
     """({param: importance} or None, a sentence saying what was done or why not)."""
     import optuna
-    from optuna.distributions import CategoricalDistribution
 
     db = Path(sweep_dir) / "optuna.db"
     if not db.exists():
@@ -52,8 +54,8 @@ def importances(sweep_dir: Path, results: pd.DataFrame) -> tuple[dict[str, float
         return None, f"{sweep_dir.name}: {why}: importances skipped."
     done = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
     dists = {k: v for t in done for k, v in t.distributions.items()}
-    if dists and all(isinstance(d, CategoricalDistribution) for d in dists.values()):
-        return None, f"{sweep_dir.name}: a grid (no interval to search), so no parameter importances."
+    if is_grid(done, dists):
+        return None, ""
     if len(done) < 2:
         return None, f"{sweep_dir.name}: {len(done)} completed trial(s); importances need at least 2."
     if not dists:
@@ -65,7 +67,20 @@ def importances(sweep_dir: Path, results: pd.DataFrame) -> tuple[dict[str, float
         imp = optuna.importance.get_param_importances(study, evaluator=evaluator)
     except Exception as e:  # evaluators raise on degenerate data (one distinct value, ...)
         return None, f"{sweep_dir.name}: Optuna could not rank the parameters ({type(e).__name__}: {first_line(e)})."
+    caveat = "With one parameter its importance is 1 by construction." if len(imp) == 1 else ""
+    if len(done) < 10 * len(imp):
+        caveat += " With few trials per parameter the ranking is rough."
     return ({k: float(v) for k, v in imp.items()},
             f"{sweep_dir.name} (study {study.study_name!r}): importances of {len(imp)} parameter(s) over {len(done)} "
-            f"completed trials ({evaluator_name or 'Optuna default'} evaluator). With one parameter its importance is 1 "
-            "by construction; with few trials the ranking is rough.")
+            f"completed trials ({evaluator_name or 'Optuna default'} evaluator). {caveat.strip()}".strip())
+
+
+def is_grid(trials, dists) -> bool:
+    """Every point fixed in advance: recorded so (sampled=False), or, in a study from before the
+    attribute, every distribution categorical."""
+    from optuna.distributions import CategoricalDistribution
+
+    marks = [t.user_attrs["sampled"] for t in trials if "sampled" in t.user_attrs]
+    if marks:
+        return not any(marks)
+    return bool(dists) and all(isinstance(d, CategoricalDistribution) for d in dists.values())

@@ -24,7 +24,8 @@ def _g(x, fmt: str = ".4f") -> str:
 
 def tuning_section(sweep: Sweep, figs, metric: str) -> tuple[list[Block], dict]:
     t = sweep.tuning
-    blocks = [Block("h2", "How the arms are compared: each at its own best learning rate"),
+    heading = "How the arms are compared" + (": each at its own best learning rate" if t.axes else "")
+    blocks = [Block("h2", heading),
               Block("note" if not t.axes or not t.edges.empty else "p", t.describe())]
     summary = dict(axes=t.axes, description=t.describe(), chosen=[])
     if not t.axes:

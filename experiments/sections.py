@@ -250,9 +250,12 @@ def optuna_importances(ctx: Context) -> Part:
     imps, notes = {}, []
     for d in sweep.dirs:
         values, note = importances(d, sweep.results[sweep.results["sweep"] == d.name])
-        notes.append(note)
+        if note:
+            notes.append(note)
         if values:
             imps[d.name] = values
+    if not notes:  # grids only: their points were fixed, not searched; the tables compare them
+        return [], dict(importances=dict(values={}, notes=[]))
     blocks = [Block("h2", "Optuna parameter importances"), Block("list", notes)]
     if imps:
         blocks.append(Block("figure", ctx.figs.save(F.importances(imps), "importances",

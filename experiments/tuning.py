@@ -57,11 +57,17 @@ class Tuning:
     def describe(self) -> str:
         """One sentence on how the variants were compared."""
         if not self.axes:
-            fixed = []
+            fixed, varies = [], False
             for col in OPTIM_COLS:
                 values = sorted(self.all_trials[col].dropna().unique()) if col in self.all_trials else []
                 if values:
                     fixed.append(f"{col} = {', '.join(f'{v:g}' for v in values)}")
+                    varies |= len(values) > 1
+            if varies:  # several lrs, but each (size, setting, γ) ran at one: nothing to choose from
+                return (f"Each (size, setting, γ) ran at one optimiser setting, not all at the same one "
+                        f"({'; '.join(fixed)}), so no arm's lr was chosen, and a comparison across different lrs "
+                        "mixes the init's effect with the lr's. Run every setting at the same 3+ lrs over 10x to "
+                        "compare each at its own best lr.")
             return (f"No learning-rate axis: every comparison is at one optimiser setting ({'; '.join(fixed) or 'unknown'}), "
                     "which mixes the init's effect with the lr's. Sweep optim.lr (3+ values over 10x) to compare each "
                     "setting at its own best lr.")

@@ -29,6 +29,9 @@ if TYPE_CHECKING:
 
 SAMPLERS = ("tpe", "random", "gp", "grid")
 TRIAL_DIR = "trial_dir"  # the user attribute that names a trial's folder
+# True where the sampler chose the trial's params, False for a fixed point (a grid point, a
+# rerun): a grid's values are recorded as ranges (space.py), so the distributions cannot say.
+SAMPLED = "sampled"
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 
 
@@ -205,10 +208,12 @@ class Study:
             state=TrialState.RUNNING, params=params, distributions={k: distributions[k] for k in params}
         )
         trial_id = self.storage.create_new_trial(self.study._study_id, template_trial=template)
+        self.storage.set_trial_user_attr(trial_id, SAMPLED, False)
         return self.storage.get_trial(trial_id)
 
     def ask(self, distributions: dict[str, BaseDistribution]) -> FrozenTrial:
         trial = self.study.ask(distributions)
+        self.storage.set_trial_user_attr(trial._trial_id, SAMPLED, True)
         return self.storage.get_trial(trial._trial_id)
 
     def set_attrs(self, trial: FrozenTrial, **attrs: Any) -> None:

@@ -133,6 +133,19 @@ def test_without_an_lr_axis_the_report_names_the_one_lr(tmp_path):
     assert sweep.tuning.axes == [] and "one optimiser setting (lr = 0.003" in sweep.tuning.describe()
 
 
+def test_an_lr_that_differs_between_arms_is_not_called_no_lr_axis(tmp_path):
+    """A search that sampled each γ with its own lr: two lrs, none chosen between. The text
+    must neither say there is no lr axis nor that each arm is at its own best lr."""
+    rows = [_row(identity=f"{g}-{s}", gamma=g, lr=lr, init_seed=s, train_seed=s, final_val_loss=5 + g / 10)
+            for g, lr in ((0.5, 1e-3), (1.0, 3e-3)) for s in range(2)]
+    out = build([_write(tmp_path, "lrsearch", rows)], tmp_path / "reports", widths=(64, 128), n_boot=20,
+                log=lambda _: None)
+    md = (out / "report.md").read_text()
+    assert "No learning-rate axis" not in md and "own best learning rate" not in md
+    assert "ran at one optimiser setting, not all at the same one (lr = 0.001, 0.003;" in md
+    assert "## How the arms are compared\n" in md
+
+
 def _curve_sweep(root: Path, flip_at: int | None, pairs: int = 5, total: int = 100) -> Path:
     """A (gamma 1) is 0.05 below B at the end of training, with every seed agreeing; before
     `flip_at` A was above B. Each trial writes a real metrics.jsonl."""

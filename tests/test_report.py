@@ -359,26 +359,32 @@ def test_importances_need_a_search_space(tmp_path):
 
     from experiments.importance import importances
 
-    def make(name: str, dists: dict, n: int) -> Path:
+    def make(name: str, dists: dict, n: int, sampled: bool | None = True) -> Path:
         d = tmp_path / name
         d.mkdir()
         study = optuna.create_study(study_name=name, storage=f"sqlite:///{d / 'optuna.db'}")
         rng = np.random.default_rng(0)
+        marks = {} if sampled is None else {"sampled": sampled}  # None: a study from before the mark
         for i in range(n):
             params = {k: (float(rng.uniform(v.low, v.high)) if isinstance(v, FloatDistribution) else v.choices[i % 2])
                       for k, v in dists.items()}
             value = 3.0 + (params.get("init.gamma", 1.0) - 1.0) ** 2 + 1e-3 * params.get("optim.lr", 0.0)
             study.add_trial(optuna.trial.create_trial(params=params, distributions=dists, value=value,
-                                                      user_attrs={"identity": f"{name}{i}"}))
+                                                      user_attrs={"identity": f"{name}{i}", **marks}))
         return d
 
     search = {"init.gamma": FloatDistribution(0.25, 1.5), "optim.lr": FloatDistribution(1e-4, 1e-2)}
     values, note = importances(make("search", search, 12), pd.DataFrame({"identity": [f"search{i}" for i in range(12)]}))
     assert values is not None and set(values) == set(search) and sum(values.values()) == pytest.approx(1.0)
     assert max(values, key=values.get) == "init.gamma"
-    grid = {"init.gamma": CategoricalDistribution([0.5, 1.0])}
-    values, note = importances(make("grid", grid, 4), pd.DataFrame({"identity": []}))
-    assert values is None and "grid" in note
+    assert "2 parameter(s)" in note and "one parameter" not in note  # no caveat that contradicts the count
+    one = importances(make("one_param", {"init.gamma": search["init.gamma"]}, 12), pd.DataFrame({"identity": []}))
+    assert one[0] == {"init.gamma": 1.0} and "With one parameter its importance is 1" in one[1]
+    # A grid records its values as ranges: the study's marks say it was not searched, and the
+    # section is left out (no sentence); a study from before the marks, all categorical, too.
+    assert importances(make("grid", search, 8, sampled=False), pd.DataFrame({"identity": []})) == (None, "")
+    legacy = {"init.gamma": CategoricalDistribution([0.5, 1.0])}
+    assert importances(make("legacy", legacy, 4, sampled=None), pd.DataFrame({"identity": []})) == (None, "")
     values, note = importances(make("one", search, 1), pd.DataFrame({"identity": []}))
     assert values is None and "at least 2" in note
 

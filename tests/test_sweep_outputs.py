@@ -41,6 +41,11 @@ def test_tune_dataframes_have_config_columns_and_the_study_paths_move_with_the_f
     recorded = {t.user_attrs["identity"]: t.user_attrs["trial_dir"] for t in study.get_trials()}
     assert recorded == dict(zip(results["identity"], results["trial_dir"]))  # the parquet's relative paths
     assert all(path == f"trials/{ident}" for ident, path in recorded.items())
+    # A grid's values are recorded as ranges (README: so the grid can grow); the trials say
+    # they were fixed points, not samples, which is how the report knows to skip importances.
+    assert {type(d).__name__ for t in study.get_trials() for d in t.distributions.values()} == {"FloatDistribution",
+                                                                                              "IntDistribution"}
+    assert [t.user_attrs["sampled"] for t in study.get_trials()] == [False] * 8
 
     # Copied elsewhere, the folder's study still finds each trial's folder.
     moved = tmp_path / "elsewhere" / "rep"
@@ -64,7 +69,8 @@ def test_a_study_reads_relative_paths_and_the_absolute_ones_older_studies_wrote(
             study.set_attrs(t, trial_dir=str(folder))
         else:  # written before paths were relative, on the machine the folder came from
             study.storage.set_trial_user_attr(t._trial_id, "trial_dir", str(old_place / "trials" / "old"))
-    raw = {t.user_attrs["identity"]: t.user_attrs["trial_dir"] for t in study.study.get_trials()}
+    assert study.ask(dists).user_attrs["sampled"] is True  # chosen by the sampler, unlike the two above
+    raw = {t.user_attrs["identity"]: t.user_attrs["trial_dir"] for t in study.study.get_trials() if "identity" in t.user_attrs}
     assert raw == {"new": "trials/new", "old": str(old_place / "trials" / "old")}
     local = {i: t.user_attrs["trial_dir"] for i, t in study.by_identity().items()}
     assert local == {"new": str(sweep_dir / "trials" / "new"), "old": str(sweep_dir / "trials" / "old")}
