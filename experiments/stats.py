@@ -201,14 +201,18 @@ def holm(pvalues) -> list[float]:
     return adjusted.tolist()
 
 
+def _against(c: Comparison, want: str) -> float:
+    p = c.p_higher if want == A_LOWER else c.p_lower
+    return 1.0 if p is None or not math.isfinite(p) else p
+
+
 def judge(comparisons: list[Comparison], wants: list[str] | str) -> None:
     """Set p_against (the one-sided p against each comparison's predicted direction) and p_holm
     (Holm over these comparisons, the claim's family) on every comparison run. A comparison
     with no p (one seed) counts in the family as p = 1: it was run, it cannot reject."""
     wants = [wants] * len(comparisons) if isinstance(wants, str) else list(wants)
     run = [(c, w) for c, w in zip(comparisons, wants) if c.n > 0]
-    against = [c.p_higher if w == A_LOWER else c.p_lower for c, w in run]
-    against = [1.0 if p is None or not math.isfinite(p) else p for p in against]
+    against = [_against(c, w) for c, w in run]
     for (c, _), p, adj in zip(run, against, holm(against)):
         c.p_against, c.p_holm = p, adj
 
@@ -430,7 +434,8 @@ def verdict(comparisons: list[Comparison], want: str, unit: str = "nats") -> tup
     comparisons = [c for c in comparisons if c.n > 0]
     if not comparisons:
         return NOT_RUN, "no arms to compare"
-    if any(c.p_holm is None for c in comparisons):
+    # Judged already, for this direction, in the claim's (possibly larger) family: keep that.
+    if any(c.p_holm is None or c.p_against != _against(c, want) for c in comparisons):
         judge(comparisons, want)
     outcomes = [outcome(c, want) for c in comparisons]
     held = " (rankings held over the last quarter of training)" if any(c.settled for c in comparisons) else ""
