@@ -88,7 +88,7 @@ def test_lm_eval_scores_an_export_as_our_model_does(trial_config, tmp_path, offl
     from lm_eval.tasks import TaskManager
     from tokenizers import Tokenizer
 
-    trial = trial_config("train.max_tokens=2048", "init.gamma=1.0")
+    trial = trial_config("train.max_tokens=512", "init.gamma=1.0")
     run_trial(trial, tmp_path / "trial", log=lambda *_: None)
     out = export(tmp_path / "trial", tmp_path / "hf")
     ours = Ours(trial, tmp_path / "trial", Tokenizer.from_file(str(out / "tokenizer.json")))
@@ -101,11 +101,12 @@ def test_lm_eval_scores_an_export_as_our_model_does(trial_config, tmp_path, offl
     hf_tok = transformers.AutoTokenizer.from_pretrained(out)
     assert (hf_tok.bos_token, hf_tok.eos_token, hf_tok.pad_token) == (EOT, EOT, EOT)
 
-    # batch_size=2: generation pads on the left, which needs the pad token.
+    # batch_size=2: generation pads on the left, which needs the pad token. include_defaults=False:
+    # indexing lm-eval's thousands of built-in tasks would take most of the test's time.
     lm = HFLM(pretrained=str(out), dtype="float32", device="cpu", batch_size=2)
     assert lm.prefix_token_id == lm.eot_token_id == ours.eot
     results = simple_evaluate(model=lm, tasks=["smallinit_choice", "smallinit_continue"],
-                              task_manager=TaskManager(include_path=str(TASKS)), log_samples=True,
+                              task_manager=TaskManager(include_path=str(TASKS), include_defaults=False), log_samples=True,
                               random_seed=0, numpy_random_seed=0, torch_random_seed=0, fewshot_random_seed=0)
 
     choice = sorted(results["samples"]["smallinit_choice"], key=lambda s: s["doc_id"])
@@ -116,7 +117,7 @@ def test_lm_eval_scores_an_export_as_our_model_does(trial_config, tmp_path, offl
         theirs = [ll for ll, _ in s["filtered_resps"]]
         mine = [ours.loglikelihood(doc["context"], " " + c) for c in doc["choices"]]
         assert all(math.isfinite(x) and x < 0 for x in mine)
-        assert theirs == pytest.approx(mine, abs=1e-3), doc["context"]
+        assert theirs == pytest.approx(mine, abs=1e-4), doc["context"]  # float32 sums: ~3e-6 apart
         correct.append(float(max(range(len(mine)), key=mine.__getitem__) == doc["answer"]))
     assert results["results"]["smallinit_choice"]["acc,none"] == pytest.approx(sum(correct) / len(correct))
 

@@ -119,7 +119,8 @@ def export(trial_dir: Path, out_dir: Path, tokenizer: Path | None = None) -> Pat
     model.save_pretrained(out_dir, safe_serialization=True)  # config.json and generation_config.json
     if tok_file is not None:
         specials = {} if eot is None else {f"{role}_token": EOT for role in ("bos", "eos", "pad")}
-        PreTrainedTokenizerFast(tokenizer_file=str(tok_file), **specials).save_pretrained(out_dir)
+        PreTrainedTokenizerFast(tokenizer_file=str(tok_file), model_max_length=cfg.max_seq_len,
+                                **specials).save_pretrained(out_dir)
         shutil.copy(tok_file, out_dir / "tokenizer.json")
     (out_dir / "smallinit.json").write_text(json.dumps({"identity": record["identity"], "config": record["config"]},
                                                        indent=2))
