@@ -28,22 +28,36 @@ _reaper: subprocess.Popen | None = None
 
 
 def check_reachable(address: str) -> None:
-    """Fail in seconds, not minutes: ray.init retries an unreachable GCS for a long time."""
+    """Fail in seconds, not minutes: ray.init retries an unreachable GCS for a long time.
+    "auto" is resolved as ray.init resolves it (ray_internals.auto_address), but ray.init
+    still gets "auto": only then does Ray turn on token authentication from a token file alone."""
     import socket
 
+    given = repr(address)
     if address == "auto":
-        if os.environ.get("RAY_ADDRESS") or ray_internals.LOCAL_CLUSTER_ADDRESS_FILE.exists():
+        try:
+            address = ray_internals.auto_address()
+            given = f"'auto' (Ray found {address})"
+        except ray_internals.RayInternalsMoved as e:
+            log.warning("%s; ray.init(address='auto') will look for the cluster itself", e)
             return
-        raise ConfigError("ray.address='auto' is invalid: no running Ray cluster found on this machine "
-                          "(start one with `ray start --head`, or leave ray.address=null for a local Ray)")
-    hostport = address.removeprefix("ray://").rsplit("/", 1)[0]
+        except ConnectionError as e:
+            raise ConfigError(f"ray.address='auto' is invalid: no running Ray cluster found ({e}); start one "
+                              "with `ray start --head`, or leave ray.address=null for a local Ray") from None
+    if address.startswith("ray://"):
+        # Under Ray Client (ray[client], not installed) Tune runs the tuner as an actor on the
+        # head (ray/tune/tuner.py, client mode), apart from the study and stop signals this
+        # driver holds: the driver itself must run on a node of the cluster.
+        raise ConfigError(f"ray.address={given} is invalid: Ray Client (ray://) is not supported; run the "
+                          "sweep on a node of the cluster with ray.address=auto or ray.address=<head-ip>:6379")
+    hostport = address.rsplit("/", 1)[0]
     host, _, port = hostport.rpartition(":")
     try:
         with socket.create_connection((host or "127.0.0.1", int(port)), timeout=5):
             return
     except (OSError, ValueError) as e:
         raise ConfigError(
-            f"ray.address={address!r} is invalid: cannot reach {hostport} ({e}); start a cluster with "
+            f"ray.address={given} is invalid: cannot reach {hostport} ({e}); start a cluster with "
             "`ray start --head`, or leave ray.address=null for a local Ray"
         ) from None
 
@@ -80,11 +94,19 @@ def connect_ray(ray_cfg: dict[str, Any]) -> bool:
             ray.init(num_cpus=ray_cfg.get("num_cpus"), num_gpus=ray_cfg.get("num_gpus"), **kwargs)
     except Exception as e:
         _release_reaper()
-        raise ConfigError(
-            f"ray.address={address!r} is invalid: could not connect ({first_line(e)}); "
-            "start one with `ray start --head`, or leave ray.address=null for a local Ray"
-        ) from None
+        raise ConfigError(f"ray.address={address!r} is invalid: could not connect ({first_line(e)}); "
+                          f"{_connect_hint(address)}") from None
     return True
+
+
+def _connect_hint(address: str | None) -> str:
+    """What to try after a failed connect. Ray 2.60 clusters use token authentication where
+    ~/.ray/auth_token exists, but a driver given an explicit address turns it on only with
+    RAY_AUTH_MODE=token, and then fails after 24 s of retries with no word of tokens."""
+    if address and address != "auto" and os.environ.get("RAY_AUTH_MODE", "").lower() != "token":
+        return ("if the cluster uses token authentication, set RAY_AUTH_MODE=token here and the cluster's "
+                "token in ~/.ray/auth_token or RAY_AUTH_TOKEN")
+    return "start one with `ray start --head`, or leave ray.address=null for a local Ray"
 
 
 def stop_ray() -> None:

@@ -9,14 +9,9 @@ from __future__ import annotations
 
 import importlib
 import os
-from pathlib import Path
 
-# The Ray these internals were read from (ray/_private/worker.py, node.py, ray_constants.py).
+# The Ray these internals were read from (ray/_private/worker.py, node.py, services.py, ray_constants.py).
 CHECKED_AGAINST = "2.60.0"
-
-# Where a `ray start --head` on this machine writes its address (ray._common.utils.
-# get_ray_address_file with Ray's default temp dir); ray.init(address="auto") reads it.
-LOCAL_CLUSTER_ADDRESS_FILE = Path("/tmp/ray/ray_current_cluster")
 
 # Each dotted name this module uses; check() and the test resolve every one. Node's
 # all_processes is set in __init__, so only a live node shows it: the test starts one.
@@ -25,6 +20,7 @@ INTERNALS = (
     "ray._private.node.Node.is_head",
     "ray._private.services.ProcessInfo.process",
     "ray._private.ray_constants.PROCESS_TYPE_MONITOR",
+    "ray._private.services.canonicalize_bootstrap_address",
     "ray._common.utils.get_ray_address_file",
     "ray._private.ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR",
     "ray._private.ray_constants.ENABLE_RAY_CLUSTER",
@@ -89,3 +85,22 @@ def local_monitor_processes() -> list:
     if node is None or not node.is_head():
         return []
     return [info.process for info in node.all_processes.get(ray_constants.PROCESS_TYPE_MONITOR, [])]
+
+
+def auto_address() -> str:
+    """The host:port that ray.init(address="auto") connects to, found as Ray finds it:
+    RAY_ADDRESS, else the address file of the newest `ray start --head` under Ray's temp dir
+    ($RAY_TMPDIR/ray, else $TMPDIR/ray, else /tmp/ray), else a Ray head running on this
+    machine. ConnectionError, in one line naming the file read, when there is none."""
+    check()
+    from ray._common.utils import get_ray_address_file
+    from ray._private.services import canonicalize_bootstrap_address
+
+    try:
+        found = canonicalize_bootstrap_address("auto")
+    except ConnectionError:
+        found = None
+    if not found:
+        raise ConnectionError(f"RAY_ADDRESS is unset, {get_ray_address_file(None)} does not exist "
+                              "and no Ray head runs on this machine")
+    return found

@@ -39,13 +39,6 @@ def test_a_moved_internal_is_reported_in_one_line(monkeypatch):
     assert "ray._private.worker._no_such_name" in message and ray_internals.CHECKED_AGAINST in message
 
 
-def test_the_local_cluster_address_file_is_where_ray_writes_it(monkeypatch):
-    from ray._common.utils import get_ray_address_file
-
-    monkeypatch.delenv("RAY_TMPDIR", raising=False)
-    assert get_ray_address_file(None) == str(ray_internals.LOCAL_CLUSTER_ADDRESS_FILE)
-
-
 def test_stop_ray_kills_the_monitor_of_a_local_head(monkeypatch):
     """Node.all_processes and ProcessInfo.process exist only on a live node: start one."""
     import ray

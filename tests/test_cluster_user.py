@@ -1,0 +1,174 @@
+"""The README's cluster recipe, run as a user runs it: `ray start --head`, one `ray start
+--address` worker, a sweep with ray.address=auto, `ray stop`, under token authentication as
+Ray 2.60 sets it up (RAY_AUTH_MODE=token, the token in ~/.ray/auth_token).
+
+`ray stop` stops every Ray process it can see, so the recipe runs in a PID namespace of its
+own (`unshare --pid`): there it sees only this cluster, not another session's Ray, and whatever
+outlives the script dies with the namespace. The cluster's folders are its own too: RAY_TMPDIR
+(short, for Ray's socket paths), HOME (the token) and the ports."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from .conftest import REPO, TINY
+
+VENV_BIN = Path(sys.executable).parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def namespaces_allowed() -> bool:
+    try:
+        return subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "true"], capture_output=True,
+                              timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def run_in_own_pid_namespace(script: str, env: dict[str, str], timeout: float) -> str:
+    """Run a bash script as PID 1 of a new PID namespace; its stdout and stderr together.
+    --kill-child: if unshare is killed (the timeout), the namespace goes with it."""
+    proc = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", "bash", "-c", script],
+                          env=env, capture_output=True, text=True, timeout=timeout)
+    return proc.stdout + proc.stderr
+
+
+def step_codes(output: str) -> dict[str, int]:
+    return {name: int(rc) for name, rc in re.findall(r"^STEP (\S+) rc=(\d+)$", output, flags=re.M)}
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not namespaces_allowed(), reason="needs `unshare --pid` (root) to keep `ray stop` to this cluster")
+def test_a_user_started_cluster_with_token_auth_runs_a_sweep_on_both_nodes_and_stops(tmp_path, data_cache):
+    ray_tmp = Path(tempfile.mkdtemp(prefix="rc", dir="/tmp"))  # Ray's socket paths must stay short
+    home = tmp_path / "home"
+    home.mkdir()
+    port, dashboard_port = free_port(), free_port()
+    sweep_args = " ".join(shlex.quote(a) for a in
+                          [*TINY, "init.gamma=0.5,1.0", "ray.address=auto", "ray.cpus_per_trial=1", "name=cluster"])
+    # The README's commands, each followed by its exit code; the sizes and ports are the test's.
+    script = f"""
+step() {{ name=$1; shift; "$@"; printf "\\nSTEP %s rc=%d\\n" "$name" $?; }}
+export RAY_AUTH_MODE=token
+step token ray get-auth-token --generate
+step head ray start --head --port={port} --num-cpus=1 --dashboard-port={dashboard_port} --disable-usage-stats
+RAY_AUTH_TOKEN=not-the-token step wrong_token ray status
+step worker ray start --address=$(cat "$RAY_TMPDIR/ray/ray_current_cluster") --num-cpus=1 --disable-usage-stats
+cd {shlex.quote(str(tmp_path))}
+step sweep python {shlex.quote(str(REPO / "sweep.py"))} -m {sweep_args}
+step stop ray stop
+echo LEFT; ps -e -o pid=,args= | grep -v -e 'ps -e' -e grep -e '^ *1 ' ; echo END
+"""
+    env = {**os.environ, "PATH": f"{VENV_BIN}:{os.environ['PATH']}", "PYTHONPATH": str(REPO),
+           "RAY_TMPDIR": str(ray_tmp), "HOME": str(home), "SMALLINIT_CACHE": str(data_cache)}
+    for var in ("RAY_ADDRESS", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):  # only the recipe's own settings
+        env.pop(var, None)
+    try:
+        output = run_in_own_pid_namespace(script, env, timeout=900)
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+    codes = step_codes(output)
+    assert codes == {"token": 0, "head": 0, "wrong_token": 1, "worker": 0, "sweep": 0, "stop": 0}, output[-4000:]
+    assert "InvalidAuthToken" in output  # the cluster checks tokens: a wrong one is turned away
+    assert (home / ".ray" / "auth_token").stat().st_size > 0
+    left = output.split("LEFT", 1)[1].split("END", 1)[0].strip()
+    assert left == "", f"`ray stop` left these running: {left}"
+    df = pd.read_parquet(tmp_path / "sweeps" / "cluster" / "results.parquet")
+    assert sorted(df["param.init.gamma"]) == [0.5, 1.0] and set(df["state"]) == {"COMPLETE"}
+    assert (df["final_val_loss"] > 0).all()
+    assert df["node_id"].nunique() == 2, "one trial per 1-CPU node: both nodes must have run one"
+
+
+# ---- ray.address=auto finds what ray.init(address="auto") finds, or says where it looked ----
+
+CHECK = """
+import socket, sys
+from core.errors import ConfigError
+from sweeper.cluster import check_reachable
+listener = socket.create_server(("0.0.0.0", 0))  # Ray swaps 127.0.0.1 for the node IP
+closed = socket.create_server(("127.0.0.1", 0))
+ports = {"open": listener.getsockname()[1], "closed": closed.getsockname()[1]}
+closed.close()
+address, file, path = sys.argv[1:]
+if file:
+    with open(path, "w") as f:
+        f.write(file.format(**ports))
+try:
+    check_reachable(address.format(**ports))
+    print("REACHABLE")
+except ConfigError as e:
+    print("ERROR", e)
+"""
+
+
+def check_in_own_pid_namespace(address: str, ray_tmpdir: Path, file: str = "",
+                               env: dict[str, str] | None = None) -> str:
+    """check_reachable(address) in a fresh PID namespace, where Ray's last resort for "auto"
+    (a Ray head running on this machine) sees no other session's Ray. A `file` is written as
+    $RAY_TMPDIR/ray/ray_current_cluster; {open} and {closed} in it become a listening port
+    and a closed one."""
+    (ray_tmpdir / "ray").mkdir()
+    full_env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    full_env.update({"PYTHONPATH": str(REPO), "RAY_TMPDIR": str(ray_tmpdir), **(env or {})})
+    proc = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", sys.executable, "-c", CHECK,
+                           address, file, str(ray_tmpdir / "ray" / "ray_current_cluster")],
+                          env=full_env, capture_output=True, text=True, timeout=120)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith(("REACHABLE", "ERROR"))]
+    assert proc.returncode == 0 and len(lines) == 1, proc.stdout + proc.stderr[-2000:]
+    return lines[0]
+
+
+needs_namespaces = pytest.mark.skipif(not namespaces_allowed(), reason="needs `unshare --pid` (root)")
+
+
+@needs_namespaces
+def test_auto_reads_the_address_file_under_ray_tmpdir(tmp_path):
+    assert check_in_own_pid_namespace("auto", tmp_path, file="127.0.0.1:{open}") == "REACHABLE"
+
+
+@needs_namespaces
+def test_auto_with_a_stale_address_file_names_the_address_ray_found(tmp_path):
+    line = check_in_own_pid_namespace("auto", tmp_path, file="127.0.0.1:{closed}")
+    # Ray swaps 127.0.0.1 for this machine's address
+    assert re.match(r"ERROR ray.address='auto' \(Ray found [\d.]+:\d+\) is invalid: cannot reach [\d.]+:\d+ \(", line), line
+
+
+@needs_namespaces
+def test_auto_with_no_cluster_names_the_file_it_read(tmp_path):
+    line = check_in_own_pid_namespace("auto", tmp_path)
+    assert line == (f"ERROR ray.address='auto' is invalid: no running Ray cluster found (RAY_ADDRESS is unset, "
+                    f"{tmp_path}/ray/ray_current_cluster does not exist and no Ray head runs on this machine); "
+                    "start one with `ray start --head`, or leave ray.address=null for a local Ray")
+
+
+@needs_namespaces
+def test_auto_takes_ray_address_first(tmp_path):
+    line = check_in_own_pid_namespace("auto", tmp_path, file="127.0.0.1:{open}", env={"RAY_ADDRESS": "127.0.0.1:1"})
+    assert re.match(r"ERROR ray.address='auto' \(Ray found [\d.]+:1\) is invalid: cannot reach [\d.]+:1 \(", line), line
+
+
+def test_ray_client_addresses_are_refused_in_one_line():
+    from core.errors import ConfigError
+    from sweeper.cluster import check_reachable
+
+    with pytest.raises(ConfigError) as err:
+        check_reachable("ray://head:10001")
+    assert str(err.value) == ("ray.address='ray://head:10001' is invalid: Ray Client (ray://) is not supported; "
+                              "run the sweep on a node of the cluster with ray.address=auto or "
+                              "ray.address=<head-ip>:6379")
