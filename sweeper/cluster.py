@@ -91,7 +91,9 @@ def connect_ray(ray_cfg: dict[str, Any]) -> bool:
                 ray_internals.listen_on_loopback_only()
             except ray_internals.RayInternalsMoved as e:
                 log.warning("%s; the local Ray listens on every interface", e)
-            ray.init(num_cpus=ray_cfg.get("num_cpus"), num_gpus=ray_cfg.get("num_gpus"), **kwargs)
+            # "local": a new Ray for this driver, even where RAY_ADDRESS or a `ray start --head`
+            # on this machine would make ray.init() join that cluster instead.
+            ray.init(address="local", num_cpus=ray_cfg.get("num_cpus"), num_gpus=ray_cfg.get("num_gpus"), **kwargs)
     except Exception as e:
         _release_reaper()
         raise ConfigError(f"ray.address={address!r} is invalid: could not connect ({first_line(e)}); "

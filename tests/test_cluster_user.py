@@ -53,6 +53,10 @@ def step_codes(output: str) -> dict[str, int]:
     return {name: int(rc) for name, rc in re.findall(r"^STEP (\S+) rc=(\d+)$", output, flags=re.M)}
 
 
+def step_output(output: str, name: str) -> str:
+    return output.split(f"BEGIN {name}\n", 1)[1].split(f"\nSTEP {name} rc=", 1)[0]
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not namespaces_allowed(), reason="needs `unshare --pid` (root) to keep `ray stop` to this cluster")
 def test_a_user_started_cluster_with_token_auth_runs_a_sweep_on_both_nodes_and_stops(tmp_path, data_cache):
@@ -60,18 +64,21 @@ def test_a_user_started_cluster_with_token_auth_runs_a_sweep_on_both_nodes_and_s
     home = tmp_path / "home"
     home.mkdir()
     port, dashboard_port = free_port(), free_port()
-    sweep_args = " ".join(shlex.quote(a) for a in
-                          [*TINY, "init.gamma=0.5,1.0", "ray.address=auto", "ray.cpus_per_trial=1", "name=cluster"])
+    tiny = " ".join(shlex.quote(a) for a in [*TINY, "init.gamma=0.5,1.0", "ray.cpus_per_trial=1"])
+    sweep = f"python {shlex.quote(str(REPO / 'sweep.py'))} -m {tiny}"
     # The README's commands, each followed by its exit code; the sizes and ports are the test's.
     script = f"""
-step() {{ name=$1; shift; "$@"; printf "\\nSTEP %s rc=%d\\n" "$name" $?; }}
+exec 2>&1  # one stream, in order: each step's output lies between its BEGIN and STEP lines
+step() {{ name=$1; shift; echo "BEGIN $name"; "$@"; printf "\\nSTEP %s rc=%d\\n" "$name" $?; }}
 export RAY_AUTH_MODE=token
 step token ray get-auth-token --generate
 step head ray start --head --port={port} --num-cpus=1 --dashboard-port={dashboard_port} --disable-usage-stats
 RAY_AUTH_TOKEN=not-the-token step wrong_token ray status
 step worker ray start --address=$(cat "$RAY_TMPDIR/ray/ray_current_cluster") --num-cpus=1 --disable-usage-stats
 cd {shlex.quote(str(tmp_path))}
-step sweep python {shlex.quote(str(REPO / "sweep.py"))} -m {sweep_args}
+step sweep {sweep} ray.address=auto name=cluster
+# a driver that names the head but lacks RAY_AUTH_MODE sends no token (the README's warning)
+step no_auth_mode env -u RAY_AUTH_MODE {sweep} ray.address=$(cat "$RAY_TMPDIR/ray/ray_current_cluster") name=noauth
 step stop ray stop
 echo LEFT; ps -e -o pid=,args= | grep -v -e 'ps -e' -e grep -e '^ *1 ' ; echo END
 """
@@ -84,8 +91,14 @@ echo LEFT; ps -e -o pid=,args= | grep -v -e 'ps -e' -e grep -e '^ *1 ' ; echo EN
     finally:
         shutil.rmtree(ray_tmp, ignore_errors=True)
     codes = step_codes(output)
-    assert codes == {"token": 0, "head": 0, "wrong_token": 1, "worker": 0, "sweep": 0, "stop": 0}, output[-4000:]
-    assert "InvalidAuthToken" in output  # the cluster checks tokens: a wrong one is turned away
+    assert codes == {"token": 0, "head": 0, "wrong_token": 1, "worker": 0, "sweep": 0, "no_auth_mode": 1,
+                     "stop": 0}, output[-4000:]
+    # the cluster checks tokens: a wrong one is turned away at once
+    assert "AuthenticationError: RPC error: InvalidAuthToken" in step_output(output, "wrong_token")
+    error = step_output(output, "no_auth_mode").strip().splitlines()[-1]
+    assert error.startswith("error: ray.address=") and "could not connect (Failed to connect to Ray cluster at" in error
+    assert error.endswith("if the cluster uses token authentication, set RAY_AUTH_MODE=token here and the "
+                          "cluster's token in ~/.ray/auth_token or RAY_AUTH_TOKEN"), error
     assert (home / ".ray" / "auth_token").stat().st_size > 0
     left = output.split("LEFT", 1)[1].split("END", 1)[0].strip()
     assert left == "", f"`ray stop` left these running: {left}"
@@ -172,3 +185,28 @@ def test_ray_client_addresses_are_refused_in_one_line():
     assert str(err.value) == ("ray.address='ray://head:10001' is invalid: Ray Client (ray://) is not supported; "
                               "run the sweep on a node of the cluster with ray.address=auto or "
                               "ray.address=<head-ip>:6379")
+
+
+LOCAL = """
+from sweeper import ray_internals
+from sweeper.cluster import connect_ray, stop_ray
+assert connect_ray({"num_cpus": 1})
+print("HEAD", bool(ray_internals.local_monitor_processes()))
+stop_ray()
+"""
+
+
+@needs_namespaces
+def test_a_local_sweep_starts_its_own_ray_beside_a_user_started_cluster():
+    """ray.address=null is a Ray of the driver's own, though RAY_ADDRESS and a `ray start --head`
+    address file (both of a cluster that is gone, here) would make a plain ray.init() join them."""
+    ray_tmp = Path(tempfile.mkdtemp(prefix="rc", dir="/tmp"))  # Ray's socket paths must stay short
+    try:
+        (ray_tmp / "ray").mkdir()
+        (ray_tmp / "ray" / "ray_current_cluster").write_text("127.0.0.1:1")
+        env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_TMPDIR": str(ray_tmp), "RAY_ADDRESS": "127.0.0.1:1"}
+        proc = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", sys.executable, "-c",
+                               LOCAL], env=env, capture_output=True, text=True, timeout=300)
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+    assert proc.returncode == 0 and "HEAD True" in proc.stdout, proc.stdout + proc.stderr[-3000:]
