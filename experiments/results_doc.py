@@ -23,6 +23,8 @@ import shutil
 import sys
 from pathlib import Path
 
+from .valnoise import record_sentence
+
 REPO = Path(__file__).resolve().parent.parent
 EXPERIMENTS = ("width_trend", "gamma_scan", "eps_fix", "gate", "scaling", "moe", "anchor")
 # The figures each experiment is about (others stay in its full report).
@@ -185,6 +187,9 @@ def section(name: str, s: dict, reading: str | None, command: str | None = None)
     out += ["**Claims.**", ""]
     out += [_table(["claim", "verdict", "why"], [[c["claim"], f"**{c['verdict']}**", c["reason"]]
                                                  for c in s["claims"] if not is_check(c)]), ""]
+    noise = record_sentence([n for c in s["claims"] for n in c["numbers"]])
+    if noise:  # records whose trials saved per-token losses (valnoise.py)
+        out += [noise, ""]
     checks = [c for c in s["claims"] if is_check(c)]
     if checks:
         out += ["**Checks at init** (deterministic, no training; not verdicts on trained models):", ""]

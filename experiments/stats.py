@@ -20,7 +20,10 @@ contradicted (one real and settled in the opposite direction after Holm's correc
 claim's comparisons: the one-sided t p against the claim, adjusted, at most ALPHA_ONE_SIDED),
 inconclusive (the rest, with the smallest effect the data excludes), not run (nothing to
 compare). Each paired comparison also carries an exact sign-flip p (no normality assumed),
-shown beside the t-interval; with n pairs it cannot go below 2/2^n (0.25 at n = 3).
+shown beside the t-interval; with n pairs it cannot go below 2/2^n (0.25 at n = 3). Every
+trial is scored on the same validation tokens, so the t-interval leaves out validation-sampling
+error: loss comparisons whose trials saved per-token losses also carry that SE, the seed SE and
+an interval from a bootstrap over seeds and validation windows (valnoise.py), beside the t-interval.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from . import valnoise
 from .load import SEED_COLS, read_metrics
 from .tuning import EDGE_COL, OPTIM_COLS, ROLE_COL, TUNE_SEEDS_COL
 
@@ -89,6 +93,14 @@ class Comparison:
     # seeds that chose each side's lr. None: no roles; the lr was chosen on the compared seeds.
     n_confirm: int | None = None
     tune_seeds: list[str] | None = None
+    # Loss comparisons whose trials saved per-token losses (valnoise.py): the validation-sampling
+    # SE of the mean difference over the W windows the loss averages, the seed SE, their ratio,
+    # and the 95% interval of a bootstrap over seeds and validation windows. None otherwise.
+    val_se: float | None = None
+    seed_se: float | None = None
+    val_ratio: float | None = None
+    ci_boot: list[float] | None = None
+    val_windows: int | None = None
 
     @property
     def excluded(self) -> float:
@@ -113,6 +125,9 @@ class Comparison:
             txt += f", sign-flip p = {self.p_signflip:.3g}"
         if self.p_holm is not None and self.p_against is not None and self.p_against < ALPHA_ONE_SIDED:
             txt += f"; against the claim p = {self.p_against:.3g}, Holm-adjusted {self.p_holm:.3g}"
+        if self.ci_boot is not None:
+            txt += (f"; over seeds and validation windows [{self.ci_boot[0]:+.4f}, {self.ci_boot[1]:+.4f}] "
+                    f"(validation SE {self.val_se:.4f}, seed SE {self.seed_se:.4f})")
         if self.tune_seeds is not None:
             txt += f"; lr chosen on seed(s) {', '.join(self.tune_seeds) or 'none'}"
         if self.optim_a or self.optim_b:
@@ -260,6 +275,8 @@ def compare(a: pd.DataFrame, b: pd.DataFrame, value: str, pair_cols=SEED_COLS, c
         edges = sorted({e for e in behind.get(EDGE_COL, pd.Series(dtype=str)).dropna() if e})
         if edges:
             c.edge_behind = f"the side behind ({side}) is at the edge of its grid: {'; '.join(edges)}"
+    if curve:
+        valnoise.attach(c, (a, b), (1, -1), value, pair_cols)
     return _roles(c, (a, b))
 
 
@@ -308,6 +325,7 @@ def interaction(a1: pd.DataFrame, b1: pd.DataFrame, a0: pd.DataFrame, b0: pd.Dat
         if edges and c.status in (A_HIGHER, A_LOWER):
             # Any of the four cells at its grid's edge could move the contrast either way.
             c.edge_behind = f"a cell is at the edge of its lr grid: {'; '.join(edges)}"
+        valnoise.attach(c, frames, (1, -1, -1, 1), value, pair_cols)
     return _roles(c, frames)
 
 
