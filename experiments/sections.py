@@ -122,6 +122,7 @@ def failures(ctx: Context) -> Part:
 
 def verdicts(ctx: Context) -> Part:
     from .claims import CHECK
+    from .valnoise import record_sentence
 
     def table(checks: bool) -> pd.DataFrame:
         return pd.DataFrame([dict(claim=c.claim, verdict=c.verdict, why=c.reason) for c in ctx.claims
@@ -132,6 +133,9 @@ def verdicts(ctx: Context) -> Part:
     if not table(True).empty:  # deterministic measurements at init: not verdicts on trained models
         blocks.append(Block("verdicts", table(True), "Checks at init (deterministic, no training): listed apart "
                                                      "from the verdicts."))
+    noise = record_sentence([n for c in ctx.claims for n in c.numbers])  # None without per-token losses
+    if noise:
+        blocks.append(Block("p", noise))
     return blocks, dict(claims=[c.as_dict() for c in ctx.claims])
 
 

@@ -186,3 +186,17 @@ def test_on_the_tiny_sweep_val_se_matches_the_per_token_files(tiny_sweep):
     assert c.val_se == pytest.approx(e.mean(axis=0).std(ddof=1) / math.sqrt(16), rel=1e-6)
     assert c.seed_se == pytest.approx(np.std(c.diffs, ddof=1) / math.sqrt(2))
     assert c.ci_boot[0] <= c.ci_boot[1]
+
+
+def test_the_report_page_states_it_under_the_verdicts_only_where_measured():
+    from types import SimpleNamespace
+
+    from experiments import sections
+    from experiments.claims import Claim
+
+    claim = Claim("c", "p", "inconclusive", "r", numbers=[dict(label="old", diff=0.1)])
+    blocks, _ = sections.verdicts(SimpleNamespace(claims=[claim]))
+    assert not any("Validation sampling" in str(b.content) for b in blocks)
+    claim.numbers.append(_number("new", 0.004, 0.01))
+    blocks, _ = sections.verdicts(SimpleNamespace(claims=[claim]))
+    assert blocks[-1].kind == "p" and "ratio of at most 0.40: not small" in blocks[-1].content
