@@ -15,9 +15,9 @@ VERDICT_CLASS = {"supported": "ok", "contradicted": "bad", "inconclusive": "na",
 
 @dataclass
 class Block:
-    kind: str  # h1 h2 h3 p note list table figure verdicts
-    content: object
-    caption: str = ""
+    kind: str  # h1 h2 h3 p note list table figure verdicts lead
+    content: object  # lead: its sentences
+    caption: str = ""  # lead: the command one sentence quotes, set as code ("" for none)
 
 
 def _md_table(df: pd.DataFrame) -> str:
@@ -35,6 +35,9 @@ def to_markdown(blocks: list[Block]) -> str:
             out.append("#" * int(b.kind[1]) + " " + str(b.content))
         elif b.kind in ("p", "note"):
             out.append(("> " if b.kind == "note" else "") + str(b.content))
+        elif b.kind == "lead":
+            text = " ".join(b.content)
+            out.append(text.replace(b.caption, f"`{b.caption}`") if b.caption else text)
         elif b.kind == "list":
             out.append("\n".join(f"- {x}" for x in b.content))
         elif b.kind in ("table", "verdicts"):
@@ -58,13 +61,17 @@ padding:8px 12px;margin:10px 0}.v{display:inline-block;padding:1px 8px;border-ra
 white-space:nowrap;font-size:.9em}.v.ok{background:#d9f2e3;color:#135c33}.v.bad{background:#fbdada;color:#8a1c1c}
 .v.na{background:#e8eaef;color:#444c5c}.caption{font-size:.86em;color:#4a5263;font-style:italic}
 code{background:#f2f4f8;padding:0 3px;border-radius:3px}ul{margin-top:4px}
+.lead{font-size:1.08em;background:#eef4fb;border-left:4px solid #3b7dd8;padding:10px 14px;margin:12px 0 18px}
 """
 
-# Counts the figures that decoded, for the headless-browser check (experiments/screenshot.py).
+# Counts the figures that decoded and keeps the text of what the first screen shows, for the
+# headless-browser checks (experiments/screenshot.py).
 SCRIPT = """window.addEventListener('load',function(){var i=Array.prototype.slice.call(document.images);
 document.body.setAttribute('data-images',i.length);
 document.body.setAttribute('data-images-loaded',i.filter(function(x){return x.complete&&x.naturalWidth>0}).length);
-document.body.setAttribute('data-height',document.documentElement.scrollHeight);});"""
+document.body.setAttribute('data-height',document.documentElement.scrollHeight);
+var top=Array.prototype.filter.call(document.body.children,function(e){return e.getBoundingClientRect().top<window.innerHeight});
+document.body.setAttribute('data-first-screen',top.map(function(e){return e.innerText}).join(' / '));});"""
 
 
 def _html_table(df: pd.DataFrame, verdict_col: str | None = None) -> str:
@@ -90,6 +97,11 @@ def to_html(blocks: list[Block], title: str, fig_dir: Path, embed: bool = True) 
             body.append(f"<p>{html.escape(str(b.content))}</p>")
         elif b.kind == "note":
             body.append(f'<div class="note">{html.escape(str(b.content))}</div>')
+        elif b.kind == "lead":
+            text = html.escape(" ".join(b.content))
+            if b.caption:
+                text = text.replace(html.escape(b.caption), f"<code>{html.escape(b.caption)}</code>")
+            body.append(f'<p id="lead" class="lead">{text}</p>')
         elif b.kind == "list":
             body.append("<ul>" + "".join(f"<li>{html.escape(str(x))}</li>" for x in b.content) + "</ul>")
         elif b.kind in ("table", "verdicts"):

@@ -10,6 +10,7 @@ Needs a Chromium (Debian: apt-get install -y chromium). Offline: the page loads 
 from __future__ import annotations
 
 import argparse
+import html
 import re
 import shutil
 import subprocess
@@ -45,6 +46,20 @@ def page_info(page: Path, browser: str | None = None, width: int = 1280, timeout
             raise RuntimeError(f"the page's load script did not run: {out.stderr.strip()[-300:]}")
         info[key] = int(m.group(1))
     return info
+
+
+def first_screen(page: Path, width: int = 1280, height: int = 800, browser: str | None = None,
+                 timeout: float = 120) -> str:
+    """The text of what a reader sees before scrolling, in a width x height window: every
+    top-level element that starts above the fold, as the page's load script recorded it."""
+    browser = browser or find_browser()
+    if browser is None:
+        raise FileNotFoundError("no chromium found (apt-get install -y chromium)")
+    out = _run(browser, [f"--window-size={width},{height}", "--dump-dom", page.resolve().as_uri()], timeout)
+    m = re.search(r'data-first-screen="([^"]*)"', out.stdout)
+    if m is None:
+        raise RuntimeError(f"the page's load script did not run: {out.stderr.strip()[-300:]}")
+    return html.unescape(m.group(1))
 
 
 def screenshot(page: Path, out: Path, width: int = 1280, height: int | None = None, browser: str | None = None,

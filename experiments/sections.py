@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pandas as pd
 
-from . import anchor_phase, protocol
+from . import anchor_phase, findings, protocol
 from . import figures as F
 from .context import Context, Part
 from .importance import importances
@@ -75,11 +75,23 @@ def cell_table(df: pd.DataFrame, metric: str) -> pd.DataFrame:
     return out.assign(_n=out["size"].map(order)).sort_values(["_n", "setting", "gamma"]).drop(columns="_n")
 
 
+def title(ctx: Context) -> Part:
+    sweep = ctx.sweep
+    return [Block("h1", f"smallinit report: {sweep.name}")], dict(
+        sweep=sweep.name, dirs=[str(d) for d in sweep.dirs], metric=ctx.metric, generated=time.time())
+
+
+def lead(ctx: Context) -> Part:
+    """What the sweep measured, in a few sentences from its data, above the claims (findings.py)."""
+    sentences, summary = findings.lead(ctx.sweep, ctx.df, ctx.best, ctx.claims, ctx.metric)
+    return [Block("lead", sentences, summary["command"] or "")], dict(findings=summary)
+
+
 def header(ctx: Context) -> Part:
-    """Title, what was run and at what scale against the paper's."""
+    """What was run and at what scale against the paper's."""
     sweep, df, metric, unigram = ctx.sweep, ctx.df, ctx.metric, ctx.unigram
     scale, info = scale_table(sweep)
-    blocks = [Block("h1", f"smallinit report: {sweep.name}")]
+    blocks = [Block("h2", "What was run")]
     blocks.append(Block("p", f"Sweep folder(s): {', '.join(str(d) for d in sweep.dirs)}. Generated {time.strftime('%Y-%m-%d %H:%M')}. "
                              f"Loss = {metric} (nats/token) of COMPLETE trials; {info['complete']} of "
                              f"{info['trials']} trials complete ({', '.join(f'{k}: {v}' for k, v in info['states'].items())})"
@@ -101,9 +113,7 @@ def header(ctx: Context) -> Part:
                                     "no model has learned more than token frequencies, so differences between arms say little "
                                     "about the paper's claims. Train longer (train.max_tokens) before reading the verdicts."))
     blocks.append(Block("table", scale, "What was run, per model size."))
-    summary = dict(sweep=sweep.name, dirs=[str(d) for d in sweep.dirs], metric=metric, generated=time.time(),
-                   scale=dict(**info, table=scale.to_dict("records")))
-    return blocks, summary
+    return blocks, dict(scale=dict(**info, table=scale.to_dict("records")))
 
 
 def tuning(ctx: Context) -> Part:

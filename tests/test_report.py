@@ -9,6 +9,7 @@ table and the per-token files, and its page is rendered in headless Chromium whe
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -27,7 +28,7 @@ from experiments.screenshot import find_browser
 from experiments.stats import A_HIGHER, A_LOWER, ONE_SEED, WITHIN, compare, verdict
 from experiments.tokens import delta_sym
 
-from .conftest import REPO
+from .conftest import REPO, run_cli
 
 WIDTHS = "64,128,256"
 
@@ -193,6 +194,73 @@ def test_the_page_renders_in_headless_chromium(tiny_report, summary, tmp_path):
     img = np.asarray(Image.open(shot).convert("L"))
     assert img.shape[1] == 1280 and img.shape[0] > 3000  # the whole page, not one screen
     assert (img < 200).mean() > 0.02  # text and figures, not a blank page
+
+
+def _expected_lead(tiny_sweep: Path) -> tuple[str, str]:
+    """The best setting's line and the best-γ sentence, computed here from results.parquet."""
+    from scipy import stats
+
+    df = pd.read_parquet(tiny_sweep / "results.parquet")
+    df = df[df["state"] == "COMPLETE"].assign(eps_label=lambda d: d["eps"].map(lambda e: f"{e:.0e}".replace("e-0", "e-")))
+    means = df.groupby(["gamma", "eps_label"])["final_val_loss"].mean().sort_values()
+    (g1, e1), (g2, e2) = means.index[:2]
+    per_seed = df.set_index(["gamma", "eps_label", "train_seed"])["final_val_loss"]
+    d = np.array([per_seed[(g2, e2, s)] - per_seed[(g1, e1, s)] for s in (0, 1)])
+    half = stats.t.ppf(0.975, 1) * d.std(ddof=1) / np.sqrt(2)
+    line = (f"γ={g1:g} | eps={e1} ({means.iloc[0]:.4f} nats, mean of 2 seeds), {d.mean():.4f} nats (95% interval "
+            f"{d.mean() - half:.4f} to {d.mean() + half:.4f}, paired over 2 seeds")
+    best_per_eps = {e: means.xs(e, level="eps_label").idxmin() for e in ("1e-5", "1e-12")}
+    if len(set(best_per_eps.values())) == 1:
+        return line, f"γ = {best_per_eps['1e-5']:g} has the lowest loss in all 2 arms (eps="
+    return line, "The best γ differs between arms: γ = "
+
+
+def test_the_first_screen_says_what_the_sweep_found_then_the_claims(tiny_sweep, tiny_report, summary):
+    """Rendered in headless Chromium at 1280x800: before any scrolling the reader sees the best
+    setting with its paired margin, what was not run with its command, and the claims."""
+    if find_browser() is None:
+        pytest.skip("no chromium on this machine (Debian: apt-get install -y chromium)")
+    from experiments.screenshot import first_screen
+
+    line, gamma_sentence = _expected_lead(tiny_sweep)
+    top = first_screen(tiny_report / "index.html", 1280, 800)
+    assert "Lowest final validation loss at nano (d=" in top and line in top, top[:800]
+    arms = top[top.index(gamma_sentence):].split(".")[0]
+    assert "eps=1e-5" in arms and "eps=1e-12" in arms
+    assert "Not run: more than 2 seeds per setting, and with 2 a 95% interval spans ±12.7 standard errors" in top
+    command = summary["findings"]["command"]
+    assert command in top and "The paper's claims, as this data supports them" in top
+    assert top.index(line) < top.index("The paper's claims, as this data supports them")
+    # The command is the sweep's own, grown to 3 seeds: every trial already run is among its
+    # trials (so a rerun skips them), and 4 more are new.
+    import shlex
+
+    args = shlex.split(command)
+    assert args[:3] == ["python", "sweep.py", "-m"] and "train.seed=0,1,2" in args and "name=rep" in args
+    proc = run_cli(["--show", *args[2:]], cwd=tiny_sweep.parent.parent)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    listed = re.findall(r"^#   ([0-9a-f]{12})  ", proc.stdout, re.M)
+    done = set(pd.read_parquet(tiny_sweep / "results.parquet")["identity"])
+    assert len(listed) == 12 and done <= set(listed)
+
+
+def test_sections_that_do_not_apply_to_a_grid_are_left_out(tiny_sweep, tiny_report, summary):
+    md = (tiny_report / "report.md").read_text()
+    assert "Optuna parameter importances" not in md and summary["importances"] == {"values": {}, "notes": []}
+    assert "No learning-rate axis: every comparison is at one optimiser setting (lr = 0.003;" in md  # one lr: true
+
+
+def test_one_seed_says_what_seeds_would_add(tmp_path):
+    d = synthetic_sweep(tmp_path, gain=0.2, seeds=1)
+    out = build([d], tmp_path / "reports", widths=(64, 128), n_boot=20, log=lambda _: None)
+    s = json.loads((out / "summary.json").read_text())
+    sentences = s["findings"]["sentences"]
+    assert sentences[0].startswith("Lowest final validation loss per size: m0 (")
+    assert "one seed: no interval" in sentences[0]
+    # No record of the sweep's command (a table without its folder's files): the override to add.
+    assert ("Not run: more than one seed per setting, so no difference has an interval. Rerun the sweep's command "
+            "with seed=0,1,2 to add them.") in sentences
+    assert s["findings"]["command"] is None and sentences[-1].startswith("The paper's claims, below: ")
 
 
 # --- errors --------------------------------------------------------------------------------------
