@@ -16,6 +16,7 @@
     failure.json          why a trial raised or diverged, and whether that is the environment's
                           fault (transient: retried by the next run) or its own (permanent)
     trial.log             the worker's output while it ran the trial (every attempt, appended)
+    trial.lock            held by the worker training the trial (a second worker is refused)
 
 Every JSON file is written atomically, so a reader sees the old file or the new one. Readers
 that decide whether to train (the trainer, the worker) let a damaged file raise: taking a
@@ -90,6 +91,7 @@ class TrialDir:
     result_json = _file("result.json")
     failure_json = _file("failure.json")
     log = _file("trial.log")
+    lock = _file("trial.lock")
 
     def probe_snapshot(self, step: int) -> Path:
         return self.probes / f"step_{step:07d}.npz"

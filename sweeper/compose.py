@@ -84,8 +84,24 @@ def validate_sweep(composer: Composer) -> tuple[list[TrialSpec], list[TrialSpec]
     space = composer.space
     if space.mode == "grid":
         specs = [composer.spec(p) for p in space.grid()]
+        check_distinct(specs)
         return specs, specs
     return [], [composer.spec(p) for p in corner_params(space)]
+
+
+def check_distinct(specs: list[TrialSpec]) -> None:
+    """Two grid points with one identity would be one trial folder trained twice: refused,
+    naming the swept keys that do not change what a trial computes (train.threads, ray.*, ...)."""
+    first: dict[str, TrialSpec] = {}
+    for spec in specs:
+        other = first.setdefault(spec.identity, spec)
+        if other is spec:
+            continue
+        keys = [k for k in spec.params if spec.params[k] != other.params.get(k)]
+        shown = " ".join(f"{k}={other.params[k]},{spec.params[k]}" for k in keys)
+        raise ConfigError(f"{shown} is invalid in a sweep: {', '.join(keys)} is not part of a trial's identity "
+                          "(it changes where or how a trial runs, not its numbers), so these grid points are one "
+                          "trial; give one value")
 
 
 def corner_params(space: SweepSpace) -> list[dict[str, Any]]:

@@ -33,7 +33,7 @@ from trainer.host_memory import check_switch as check_allocator_switch
 
 from . import protocol, resources, stop
 from .cluster import check_reachable, connect_ray, stop_ray
-from .compose import Composer, validate_sweep
+from .compose import Composer, check_distinct, validate_sweep
 from .config import SmallinitSweeperConf, check_sweeper_conf
 from .lock import hold_driver_lock
 from .plan import plan_sweep
@@ -62,6 +62,9 @@ def _run(conf: SmallinitSweeperConf, loader, base: DictConfig, arguments: list[s
     resources.check_local(ray_cfg)
     check_allocator_switch()  # read again by each trial's worker
     space = parse_sweep(arguments, dict(conf.params) if conf.params else None)
+    if "name" in space.swept_keys:  # `name` is the sweep's folder and study: one of each
+        raise ConfigError(f"name={','.join(space.discrete['name'].strings)} is invalid: name is the sweep's "
+                          "one folder and study, never a swept axis; run one command per name")
     sweep_dir = Path(base.hydra.sweep.dir).resolve()
     if conf.protocol.enabled:
         protocol.check(conf.protocol, space, conf.asha.enabled)
@@ -144,6 +147,7 @@ def _protocol_specs(conf: protocol.ProtocolConf, composer: Composer) -> tuple[li
     confirm = [{**s, **first, conf.seed_key: seed} for s in setts for seed in conf.confirm_seeds]
     composer.space = protocol.round_space(space, tune + confirm)
     specs = [composer.spec(p) for p in tune]
+    check_distinct(specs)
     checked = specs + [composer.spec(p) for p in confirm]
     composer.space = space  # the sweep as given: each round derives its own from it
     return specs, checked

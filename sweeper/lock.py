@@ -13,6 +13,7 @@ refused here, in one line, before the study or any trial folder is created.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import json
@@ -24,6 +25,34 @@ from pathlib import Path
 from core.errors import ConfigError
 
 LOCK_FILE = "driver.lock"
+
+
+class TrialBusy(RuntimeError):
+    """Another worker holds this trial folder's lock."""
+
+
+@contextlib.contextmanager
+def trial_lock(path: Path):
+    """Hold `path` (a trial folder's trial.lock) while this worker trains the trial. A second
+    worker on the same folder (whatever the grid or the number of drivers) gets TrialBusy at
+    once instead of training over the first. Same record lock as the driver's: the kernel drops
+    it when the worker dies."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            if e.errno in (errno.EACCES, errno.EAGAIN):
+                holder = _read(fd) or {}
+                raise TrialBusy(f"another worker is training this trial folder (pid {holder.get('pid')} on "
+                                f"{holder.get('host')}); it was not trained twice") from None
+            if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL):
+                raise
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname()}).encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # closing drops the lock
 
 
 def hold_driver_lock(sweep_dir: Path) -> DriverLock:

@@ -25,7 +25,8 @@ from typing import Any
 from core.trial_dir import TrialDir
 from trainer.config import TrialConfig
 
-from .failures import classify
+from .failures import TRANSIENT, classify
+from .lock import TrialBusy, trial_lock
 
 METRIC = "val_loss"  # what Tune, ASHA and the study optimise (val/loss, renamed for Tune)
 
@@ -145,12 +146,31 @@ def run_spec(config: dict[str, Any]) -> None:
     import torch
     from ray import tune
 
-    from trainer.loop import run_trial
-    from trainer.reporting import MultiReporter
-
     spec: TrialSpec = config["spec"]
     out = TrialDir(spec.out_dir)
     torch.set_num_threads(max(1, spec.threads))
+    out.path.mkdir(parents=True, exist_ok=True)
+    try:
+        with trial_lock(out.lock):
+            done = _train(spec, out)
+    except TrialBusy as e:
+        tune.report({"failed": 1, "fail_reason": str(e), "fail_kind": TRANSIENT, "done_training": True})
+        return
+    if done is None:  # failed, and reported
+        return
+    final = {METRIC: done.get("final_val_loss"), "best_val_loss": done.get("best_val_loss"), "step": done["steps"],
+             "tokens": done["tokens"], "done_training": True, "failed": 0}
+    final.update({k.replace("/", "_"): v for k, v in done.get("final_metrics", {}).items() if _summary_key(k)})
+    tune.report(final)
+
+
+def _train(spec: TrialSpec, out: TrialDir) -> dict[str, Any] | None:
+    """The trial's result: read if it finished before, else trained now (None if it failed)."""
+    from ray import tune
+
+    from trainer.loop import run_trial
+    from trainer.reporting import MultiReporter
+
     _record_placement(out)
     done = out.read_result()
     if done is None:
@@ -173,11 +193,8 @@ def run_spec(config: dict[str, Any]) -> None:
                 with contextlib.suppress(OSError):  # a full disk may refuse even this: the study has it
                     out.write_failure(reason, trace, kind)
                 tune.report({"failed": 1, "fail_reason": reason[:1000], "fail_kind": kind, "done_training": True})
-                return
-    final = {METRIC: done.get("final_val_loss"), "best_val_loss": done.get("best_val_loss"), "step": done["steps"],
-             "tokens": done["tokens"], "done_training": True, "failed": 0}
-    final.update({k.replace("/", "_"): v for k, v in done.get("final_metrics", {}).items() if _summary_key(k)})
-    tune.report(final)
+                return None
+    return done
 
 
 @contextlib.contextmanager

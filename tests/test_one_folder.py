@@ -1,0 +1,49 @@
+"""One trial folder is never trained by two workers: grids whose points share an identity are
+refused before anything is written, `name` is never an axis, and a worker finding a trial
+folder's lock held does not train it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from sweeper.lock import TrialBusy, trial_lock
+
+from .conftest import REPO, TINY, run_cli
+
+
+@pytest.mark.parametrize("args, message", [
+    (["init.gamma=1.0", "train.threads=1,2"],
+     "train.threads=1,2 is invalid in a sweep: train.threads is not part of a trial's identity"),
+    (["init.gamma=0.5,1.0", "name=x,y"], "name=x,y is invalid: name is the sweep's one folder"),
+])
+def test_a_grid_that_would_train_one_folder_twice_is_refused_before_anything_is_written(tmp_path, data_cache,
+                                                                                         args, message):
+    proc = run_cli(["-m", *TINY, *args], cwd=tmp_path, env={"SMALLINIT_CACHE": str(data_cache)})
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines()[-1].startswith(f"error: {message}")
+    assert not (tmp_path / "sweeps").exists()
+
+
+def test_a_second_worker_on_a_locked_trial_folder_is_refused_at_once(tmp_path):
+    lock = tmp_path / "trial.lock"
+    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import sys, time
+        sys.path.insert(0, {str(REPO)!r})
+        from sweeper.lock import trial_lock
+        with trial_lock(__import__("pathlib").Path({str(lock)!r})):
+            print("held", flush=True)
+            time.sleep(60)
+        """)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(TrialBusy, match=f"pid {holder.pid}"), trial_lock(lock):
+            pass
+    finally:
+        holder.kill()
+        holder.wait()
+    with trial_lock(lock):  # the kernel dropped the dead holder's lock
+        pass
