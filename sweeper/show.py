@@ -16,6 +16,7 @@ from omegaconf import OmegaConf
 from trainer.config import TrialConfig, trial_config_from_dict
 from trainer.data_check import check_trial, describe, passes
 from trainer.data_config import CorpusData
+from trainer.schedule import budget_branches
 
 from . import protocol
 from .config import ProtocolConf
@@ -46,8 +47,7 @@ def show(argv: list[str], conf_dir: Path) -> str:
     m = first.model
     out = [OmegaConf.to_yaml(OmegaConf.create(first.to_dict())).rstrip(),
            f"# identity {first.identity()}: {first.preset}, {m.num_params() / 1e6:.2f}M parameters "
-           f"({m.num_params(active=True) / 1e6:.2f}M active), {first.train.total_steps} steps x "
-           f"{first.train.tokens_per_step} tokens = {first.train.total_steps * first.train.tokens_per_step:,} tokens",
+           f"({m.num_params(active=True) / 1e6:.2f}M active), {_steps_line(first.train)}",
            *_passes(first)]
     if not multirun:
         out.append("# runs here, in this process (python sweep.py ...)")
@@ -60,7 +60,38 @@ def show(argv: list[str], conf_dir: Path) -> str:
         out.append(f"#   {t.identity()}  " + " ".join(f"{k}={v}" for k, v in p.items()))
     if pconf.enabled:
         out += protocol.describe_plan(pconf, space_given)
+    out.append(_cost([t for _, t in trials], "stage 1 (its first round)" if pconf.enabled else "the sweep"))
     return "\n".join(out)
+
+
+def trained_steps(train) -> int:
+    """Optimizer steps a trial trains. With train.budgets: the largest budget's run (its
+    cooldown included) plus each other budget's cooldown branch (trainer/schedule.py)."""
+    if not train.budgets:
+        return train.total_steps
+    branches = budget_branches(train.budgets, train.tokens_per_step, train.cooldown_frac)
+    main = max(branches, key=lambda b: b.steps)
+    return main.steps + sum(b.cooldown for b in branches if b is not main)
+
+
+def _steps_line(train) -> str:
+    steps, tps = trained_steps(train), train.tokens_per_step
+    line = f"{steps} steps x {tps} tokens = {steps * tps:,} tokens"
+    if train.budgets:
+        line += (f" (budgets {', '.join(f'{b:,}' for b in train.budgets)} tokens: the largest run, "
+                 f"plus a cooldown of {train.cooldown_frac:g} x each other budget)")
+    return line
+
+
+def _cost(trials: list[TrialConfig], what: str) -> str:
+    """Tokens trained and training FLOPs (PaLM's count, as MFU is reported), summed over trials.
+    No GPU throughput has been measured in this repository, so no GPU-hours are claimed."""
+    from trainer.loop import flops_per_token  # imports torch: only here, once the plan is built
+
+    tokens = [trained_steps(t.train) * t.train.tokens_per_step for t in trials]
+    flops = sum(n * flops_per_token(t) for n, t in zip(tokens, trials))
+    return (f"# cost of {what}: {len(trials)} trials, {sum(tokens):,} tokens trained, {flops:.3g} training FLOPs "
+            "(6N + 12LdT per token, trainer.loop.flops_per_token; evaluation not counted)")
 
 
 def _container(node) -> dict:

@@ -89,6 +89,11 @@ class TrainConfig:
     # cooldown_frac of its steps. Null: one budget, max_tokens or max_steps.
     budgets: tuple[int, ...] | None = None
     cooldown_frac: float = 0.2
+    # Budgets as tokens per parameter, e.g. [5, 10, 20]: they become train.budgets (each
+    # rounded down to whole steps) when the trial is built, so one sweep over sizes gets each
+    # size's own. Parameters of the model's shape (active, embedding and head included) without
+    # the attention gate, so every arm of a size trains the same budgets and the report pairs them.
+    budgets_per_param: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         for key in ("batch_size", "seq_len", "grad_accum", "eval_every", "probe_batch"):
@@ -99,6 +104,17 @@ class TrainConfig:
             require(isinstance(value, int) and value >= 0, f"train.{key}", value, "must be an integer >= 0")
         require(isinstance(self.cooldown_frac, int | float) and 0 < self.cooldown_frac < 1,
                 "train.cooldown_frac", self.cooldown_frac, "must be a number in (0, 1)")
+        if self.budgets_per_param is not None:
+            k = self.budgets_per_param
+            require(isinstance(k, list | tuple) and len(k) > 0 and all(
+                isinstance(x, int | float) and not isinstance(x, bool) and x > 0 for x in k)
+                and all(x < y for x, y in zip(k, k[1:])), "train.budgets_per_param", k,
+                "a strictly increasing list of positive numbers (tokens per parameter), or null")
+            require(self.budgets is None, "train.budgets", self.budgets, "must be null with train.budgets_per_param")
+            require(self.tokens_per_param is None, "train.tokens_per_param", self.tokens_per_param,
+                    "must be null with train.budgets_per_param")
+            require(self.max_steps is None, "train.max_steps", self.max_steps, "must be null with train.budgets_per_param")
+            object.__setattr__(self, "budgets_per_param", tuple(k))
         if self.budgets is not None:
             self._take_budgets()
         require(
@@ -191,6 +207,8 @@ class TrialConfig:
         if d["train"].get("budgets") is None:  # added later: trials with one budget keep their identity
             d["train"].pop("budgets", None)
             d["train"].pop("cooldown_frac", None)
+        if d["train"].get("budgets_per_param") is None:  # resolved into budgets, which the identity holds
+            d["train"].pop("budgets_per_param", None)
         blob = json.dumps(d, sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
@@ -254,6 +272,10 @@ def trial_config_from_dict(cfg: dict[str, Any]) -> TrialConfig:
         require(train.tokens_per_param > 0, "train.tokens_per_param", train.tokens_per_param, "must be > 0 or null")
         budget = int(train.tokens_per_param * model.num_params(active=True))
         train = dataclasses.replace(train, max_tokens=max(budget, train.tokens_per_step), max_steps=None)
+    if train.budgets_per_param is not None:
+        n, tps = model.replace(attn=AttnConfig()).num_params(active=True), train.tokens_per_step
+        budgets = [max(1, int(k * n) // tps) * tps for k in train.budgets_per_param]
+        train = dataclasses.replace(train, budgets=budgets, budgets_per_param=None, max_steps=None)
     require(train.seq_len <= model.max_seq_len, "train.seq_len", train.seq_len, f"must be <= model.max_seq_len ({model.max_seq_len})")
     optim_d = dict(_only_known("optim", dict(cfg["optim"]), OptimConfig))
     if "betas" in optim_d:

@@ -1,0 +1,87 @@
+"""`sweep.py --show`: the steps a trial with several budgets really trains, the plan's cost, and
+train.budgets_per_param (budgets that differ by model size within one sweep)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from core.errors import ConfigError
+from sweeper.show import trained_steps
+
+from .conftest import run_cli
+
+WSD = "optim.schedule=wsd"
+
+
+def test_trained_steps_count_every_cooldown_branch(trial_config):
+    # TINY trains 128 tokens a step: budgets of 10, 20 and 22 steps, cooldowns of 2, 4 and 4.
+    # The run trains the largest budget's 22 steps (its cooldown is the run's own end), and
+    # the smaller budgets' cooldowns on the side: 22 + 2 + 4.
+    trial = trial_config(WSD, "train.budgets=[1280,2560,2816]")
+    assert trained_steps(trial.train) == 28
+    assert trained_steps(trial_config(WSD, "train.budgets=[1280,2560,2816]", "train.cooldown_frac=0.5").train) == 22 + 5 + 10
+    assert trained_steps(trial_config(WSD, "train.budgets=[2816]").train) == 22  # one budget: no side branch
+    assert trained_steps(trial_config().train) == trial_config().train.total_steps == 8  # no budgets
+
+
+def test_budgets_per_param_are_each_sizes_own_budgets_in_whole_steps(trial_config):
+    trial = trial_config(WSD, "train.budgets_per_param=[5,10,20]")
+    n = trial.model.num_params(active=True)  # counted as train.tokens_per_param counts
+    expected = tuple(int(k * n) // 128 * 128 for k in (5, 10, 20))
+    assert trial.train.budgets == expected and trial.train.max_tokens == expected[-1]
+    assert trial.train.budgets_per_param is None
+    # Given per parameter or in tokens, it is the same trial (and the same identity it always had).
+    same = trial_config(WSD, f"train.budgets=[{','.join(map(str, expected))}]")
+    assert trial.identity() == same.identity() and trial == same
+    wider = trial_config(WSD, "train.budgets_per_param=[5,10,20]", "model.d_model=256")
+    assert wider.train.budgets[0] > trial.train.budgets[0]
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ((WSD, "train.budgets_per_param=[10,5]"),
+     "train.budgets_per_param=[10, 5] is invalid: a strictly increasing list of positive numbers"),
+    ((WSD, "train.budgets_per_param=[0,5]"), "train.budgets_per_param=[0, 5] is invalid"),
+    ((WSD, "train.budgets_per_param=[5,10]", "train.budgets=[1280,2560]"),
+     "train.budgets=[1280, 2560] is invalid: must be null with train.budgets_per_param"),
+    ((WSD, "train.budgets_per_param=[5,10]", "train.tokens_per_param=20"),
+     "train.tokens_per_param=20 is invalid: must be null with train.budgets_per_param"),
+    (("train.budgets_per_param=[5,10]",), "optim.schedule='cosine' is invalid: must be wsd with train.budgets"),
+])
+def test_bad_budgets_per_param_are_one_line_errors(trial_config, overrides, message):
+    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")) as e:
+        trial_config(*overrides)
+    assert "\n" not in str(e.value)
+
+
+def test_gpu_scaling_law_composes_and_shows_its_plan_and_cost(tmp_path, data_cache, compose):
+    from trainer.config import trial_config_from_dict
+    from trainer.loop import flops_per_token
+
+    tokens = tmp_path / "train.bin"
+    np.random.default_rng(0).integers(0, 32768, 50_000).astype(np.uint16).tofile(tokens)
+    proc = run_cli(["--show", "-m", "+experiment=gpu/scaling_law", f"data.paths={tokens}"], cwd=tmp_path,
+                   env={"SMALLINIT_CACHE": str(data_cache)}, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = proc.stdout
+    assert "# with -m: 30 trial(s), grid" in out  # 5 presets x 2 arms x 3 lrs on the tuning seed
+    assert "stage 1 (tune): 10 setting(s) x optim.lr=0.0003,0.001,0.003 x seed in [100] = 30 trials" in out
+    assert "stage 2 (confirm): 10 setting(s)" in out and "seed in [1, 2, 3, 4] = 40 trials" in out
+    # Each (preset, arm) composed on its own: budgets of 5, 10, 20 tokens per parameter of the
+    # shape in whole steps of 32 x 2048, the same for both arms; 3 lrs each.
+    tps, total, flops = 32 * 2048, 0, 0.0
+    for preset in ("0.1b", "0.25b", "0.5b", "1b", "1.5b"):
+        arms = [trial_config_from_dict(compose("+experiment=gpu/scaling_law", f"data.paths={tokens}",
+                                               f"model={preset}", f"arm={arm}", tiny=False))
+                for arm in ("baseline", "small")]
+        n = arms[0].model.num_params(active=True)
+        steps = [int(k * n) // tps for k in (5, 10, 20)]
+        assert arms[0].train.budgets == arms[1].train.budgets == tuple(s * tps for s in steps)
+        trained = steps[2] + int(0.2 * steps[0]) + int(0.2 * steps[1])  # the 20x run and two cooldowns
+        total += 3 * 2 * trained * tps
+        flops += 3 * sum(trained * tps * flops_per_token(t) for t in arms)
+        if preset == "0.1b":
+            assert f"0.1b, 101.43M parameters (101.43M active), {trained} steps x {tps} tokens" in out
+    line = next(line for line in out.splitlines() if line.startswith("# cost of"))
+    assert line.startswith(f"# cost of stage 1 (its first round): 30 trials, {total:,} tokens trained, ")
+    assert float(line.split(" tokens trained, ")[1].split()[0]) == pytest.approx(flops, rel=5e-3)  # printed to 3 digits
