@@ -11,4 +11,4 @@ hits both sides. Results go to bench/results.json and bench/results.md (see benc
 """
 
 BENCHMARKS = ("trainer_vs_bare", "probe_overhead", "sweep_overhead", "sweep_overhead_make_sweep", "data_prep",
-              "cpu_bf16_speedup", "cpu_mfu", "cpu_allocator", "cpu_compile", "gpu_mfu")
+              "cpu_bf16_speedup", "cpu_mfu", "cpu_mfu_by_width", "cpu_allocator", "cpu_compile", "gpu_mfu")

@@ -62,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         allocator_bench,
         compile_bench,
         cpu_bench,
+        cpu_width_bench,
         data_bench,
         gpu_bench,
         sweep_bench,
@@ -71,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     attempt(["data_prep"], lambda _: {"data_prep": data_bench.run(settings)})
     attempt(["trainer_vs_bare", "probe_overhead"], lambda names: trainer_bench.run(settings, names))
     attempt(["cpu_bf16_speedup", "cpu_mfu"], lambda names: cpu_bench.run(settings, names))
+    attempt(["cpu_mfu_by_width"], lambda _: {"cpu_mfu_by_width": cpu_width_bench.run(settings)})
     attempt(["cpu_allocator"], lambda _: {"cpu_allocator": allocator_bench.run(settings)})
     attempt(["cpu_compile"], lambda _: {"cpu_compile": compile_bench.run(settings)})
     attempt(["sweep_overhead", "sweep_overhead_make_sweep"], lambda names: sweep_bench.split(sweep_bench.run(settings), names))

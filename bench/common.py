@@ -47,6 +47,9 @@ class Settings:
     # cpu_bf16_speedup: bare-loop steps per dtype; cpu_mfu: the side of the peak matmul.
     cpu_steps: int = 10
     cpu_peak_n: int = 2048
+    # cpu_mfu_by_width: the scaling_law record's widths, bare-loop steps timed per width.
+    cpu_widths: tuple[int, ...] = (128, 256, 384)
+    cpu_width_steps: int = 3
     compile_cold: bool = True  # cpu_compile also times a compile into an empty inductor cache
     gpu_presets: tuple[str, ...] = ("0.1b", "0.5b", "1.5b")
     gpu_steps: int = 10
@@ -94,6 +97,8 @@ TINY = Settings(
     make_sweep_overrides=_TINY_SWEEP_TRIAL,
     cpu_steps=2,
     cpu_peak_n=256,
+    cpu_widths=(64, 128),
+    cpu_width_steps=2,
     compile_cold=False,
     gpu_presets=("0.1b",),
     gpu_steps=3,

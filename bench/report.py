@@ -103,6 +103,16 @@ def rows(benchmarks: dict[str, dict]) -> list[list[str]]:
                         f"{b['n']}^3 matmul {b['matmul_gflops']:.0f} GFLOP/s ({b['dtype']})",
                         f"run_trial {e['ratio'] * b['matmul_gflops']:.0f} GFLOP/s", str(len(m["repeats"])),
                         "model FLOPs by PaLM's count over the training steps' own time", where])
+        elif name == "cpu_mfu_by_width":
+            out.append([name, _f(e["ratio"], ".2f"), _target(e["target"]), _verdict(e), f"{b['n']}^3 matmul ({e['dtype']})",
+                        "bare loop", str(e["repeats"]), "lowest over the widths (scaling_law's shape)"
+                        + (f"; {e['note']}" if e.get("note") else ""), where])
+            for d, w in e["widths"].items():
+                out.append([f"  d={d}", _f(w["mfu"], ".2f"), _target(e["target"]), {True: "PASS", False: "MISS"}[w["pass"]],
+                            f"{w['matmul_gflops']:.0f} GFLOP/s", f"{w['tokens_per_s']:,.0f} tok/s, "
+                            f"{w['mfu'] * w['matmul_gflops']:.0f} GFLOP/s", str(len(w["runs"])),
+                            f"{w['params'] / 1e6:.2f}M parameters, {w['flops_per_token'] / 1e6:.1f} MFLOP/token; "
+                            f"range {_f(w['spread'][0], '.2f')}-{_f(w['spread'][1], '.2f')}", where])
         elif name == "cpu_allocator":
             out.append([name, _f(e["ratio"], ".2f"), "-", "recorded",
                         f"glibc defaults {b['tokens_per_s']:,.0f} tok/s", f"freed memory kept {m['tokens_per_s']:,.0f} tok/s",

@@ -93,6 +93,26 @@ def test_ratios_are_positive_and_finite(tiny_results):
     assert _positive(d["cold_s"]) and _positive(d["warm_s"]) and d["corpus"]["train_tokens"] > 0
 
 
+def test_cpu_mfu_by_width_is_the_scaling_law_shape_with_a_paired_ratio_per_width(tiny_results):
+    out, results, _ = tiny_results
+    e = results["benchmarks"]["cpu_mfu_by_width"]
+    assert list(e["widths"]) == [str(d) for d in TINY.cpu_widths]
+    assert e["dtype"] in ("fp32", "bf16") and e["dtype_reason"] and (e["note"] is None) == (e["dtype"] == "bf16")
+    for d, w in e["widths"].items():
+        assert w["n_heads"] == int(d) // 64  # heads of 64, as conf/experiment/scaling_law.yaml sets
+        assert len(w["runs"]) == e["repeats"] and all(_positive(r["matmul_gflops"]) for r in w["runs"])
+        for r in w["runs"]:  # each repeat's MFU is its own throughput over the peak timed beside it
+            assert r["mfu"] == pytest.approx(r["tokens_per_s"] * w["flops_per_token"] / (r["matmul_gflops"] * 1e9))
+        assert 0 < w["mfu"] < 2 and w["mfu"] == pytest.approx(median(r["mfu"] for r in w["runs"]))
+        assert w["pass"] == (w["mfu"] >= e["target"]["value"])
+    # A wider model does more FLOPs per token; the figure is the worst width's.
+    fpt = [w["flops_per_token"] for w in e["widths"].values()]
+    assert fpt == sorted(fpt) and len(set(fpt)) == len(fpt)
+    assert e["ratio"] == min(w["mfu"] for w in e["widths"].values())
+    table = (out / "results.md").read_text()
+    assert all(f"|   d={d} |" in table for d in TINY.cpu_widths)
+
+
 def test_markdown_table_has_a_row_per_benchmark(tiny_results):
     out, _, stdout = tiny_results
     table = (out / "results.md").read_text()
