@@ -12,7 +12,8 @@
     model.pt              the final weights
     budgets/<tokens>.json one token budget's result (train.budgets): written when its cooldown
                           branch has been evaluated; the largest budget's equals result.json
-    result.json           the final summary: its presence means the trial finished
+    result.json           the final summary: its presence means the trial finished (a driver
+                          sets a damaged one aside, result_problem says which, and trains again)
     failure.json          why a trial raised or diverged, and whether that is the environment's
                           fault (transient: retried by the next run) or its own (permanent)
     trial.log             the worker's output while it ran the trial (every attempt, appended)
@@ -27,6 +28,8 @@ passes `damaged_ok=True`: one unreadable folder must not cost every other trial 
 from __future__ import annotations
 
 import json
+import math
+import time
 from pathlib import Path
 from typing import Any
 
@@ -41,10 +44,32 @@ def _read_json(path: Path, damaged_ok: bool) -> Any:
         return json.loads(path.read_text())
     except FileNotFoundError:
         return None
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, UnicodeDecodeError):  # cut off, or not text at all
         if damaged_ok:
             return None
         raise
+
+
+# What the results table reads from result.json (trainer.loop.TrialResult writes them all);
+# a file without one of them was not written by a finished trial.
+RESULT_KEYS = ("identity", "steps", "tokens", "n_params", "final_val_loss", "best_val_loss", "unigram_entropy",
+               "wall_s", "tokens_per_s", "mfu")
+
+
+def result_problem(result: Any) -> str | None:
+    """Why a parsed result.json (or budgets/<tokens>.json) cannot be reported; None if it can.
+    A finished trial has a finite validation loss: the study records one without it as FAIL."""
+    if not isinstance(result, dict):
+        return f"not a JSON object but {type(result).__name__}"
+    missing = [k for k in RESULT_KEYS if k not in result]
+    if missing:
+        return f"no {', '.join(missing)}"
+    if not all(isinstance(result[k], int) and not isinstance(result[k], bool) for k in ("steps", "tokens", "n_params")):
+        return "steps, tokens and n_params are not all integers"
+    loss = result["final_val_loss"]
+    if not isinstance(loss, int | float) or isinstance(loss, bool) or not math.isfinite(loss):
+        return f"final_val_loss={loss!r} is not a finite number"
+    return None
 
 
 def _file(name: str) -> property:
@@ -130,7 +155,8 @@ class TrialDir:
 
     def read_sweep_plan(self) -> dict[str, Any]:
         """The plan, {} if missing or damaged (only the results table reads it)."""
-        return _read_json(self.sweep_json, damaged_ok=True) or {}
+        plan = _read_json(self.sweep_json, damaged_ok=True)
+        return plan if isinstance(plan, dict) else {}
 
     # ---- placement.json: one entry per attempt ----
 
@@ -159,6 +185,24 @@ class TrialDir:
     def read_result(self, damaged_ok: bool = False) -> dict[str, Any] | None:
         """The finished trial's summary, or None if it has not finished."""
         return _read_json(self.result_json, damaged_ok)
+
+    def damaged_result(self) -> str | None:
+        """Why result.json, which is there, cannot be reported (unreadable, cut off, another
+        schema, no finite loss); None when it is missing or whole."""
+        try:
+            result = json.loads(self.result_json.read_bytes())
+        except FileNotFoundError:
+            return None
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return "not readable JSON (cut off or overwritten)"
+        return result_problem(result)
+
+    def set_aside_result(self) -> Path:
+        """Rename result.json beside itself (kept, as a damaged checkpoint is): the trial is
+        then unfinished and trains again."""
+        aside = self.result_json.with_name(f"{self.result_json.name}.corrupt-{time.strftime('%Y%m%d-%H%M%S')}")
+        self.result_json.rename(aside)
+        return aside
 
     # ---- budgets/<tokens>.json: one budget's result ----
 

@@ -53,6 +53,9 @@ def importances(sweep_dir: Path, results: pd.DataFrame) -> tuple[dict[str, float
     if study is None:
         return None, f"{sweep_dir.name}: {why}: importances skipped."
     done = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+    # Trials whose folders lost them, trained again as new trials (sweeper/study.py SUPERSEDED).
+    gone = {k.removeprefix("superseded:") for k in study.user_attrs if k.startswith("superseded:")}
+    done = [t for t in done if str(t.number) not in gone]
     dists = {k: v for t in done for k, v in t.distributions.items()}
     if is_grid(done, dists):
         return None, ""

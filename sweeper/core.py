@@ -40,7 +40,7 @@ from .plan import plan_sweep
 from .precheck import check_name
 from .space import parse_sweep
 from .study import FINISHED
-from .summary import failed_run_message
+from .summary import all_failed_before, failed_before_message, failed_run_message
 from .trainable import TrialSpec
 from .tuner import import_tune, run_trials
 
@@ -97,6 +97,8 @@ def _run(conf: SmallinitSweeperConf, loader, base: DictConfig, arguments: list[s
         sys.exit(f"error: {trials.aborted}")
     elif trials.failed:
         sys.exit(f"error: {failed_run_message(trials.failed, trials.ended, results_path(sweep_dir))}")
+    elif all_failed_before(df):  # a rerun that could not mend any of them is no success either
+        sys.exit(f"error: {failed_before_message(len(df), results_path(sweep_dir))}")
     return df.to_dict("records")
 
 

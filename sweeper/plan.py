@@ -27,7 +27,7 @@ from .study import (
     open_storage,
     redacted,
 )
-from .study_rebuild import restore_from_folders
+from .study_rebuild import reconcile, restore_from_folders
 from .trainable import TrialSpec
 
 
@@ -67,6 +67,8 @@ def plan_sweep(conf: SmallinitSweeperConf, composer: Composer, grid_specs: list[
     storage = open_storage(storage_url)
     sampler = make_sampler(conf.sampler, conf.seed, space.distributions())
     study = Study(storage, conf.study_name or sweep_name, sampler)
+    for line in reconcile(study, sweep_dir):  # the folders are the truth: nothing finished is silently dropped
+        print(f"study: {line}", flush=True)
     restored, closed = restore_from_folders(study, sweep_dir, space.grid_distributions() if space.mode == "grid"
                                             else space.distributions())
     if restored:
@@ -108,7 +110,11 @@ def _left_to_run(conf, space, study, specs, composer) -> tuple[list[Pending], in
     # Count every finished trial (a sampler may propose the same point twice); a RUNNING one
     # was left by a killed driver (one driver per study at a time) and is resumed. A failure
     # to retry runs again as a new study trial with the same params.
-    trials = study.study.get_trials(deepcopy=False)
+    gone = study.superseded()
+    trials = [t for t in study.study.get_trials(deepcopy=False) if t.number not in gone]
+    # A trial whose folder lost it (reconcile) trains again with its params, once.
+    lost = {t.user_attrs.get("identity"): t for t in study.study.get_trials(deepcopy=False)
+            if t.number in gone and t.user_attrs.get("identity") not in known}
     retry = [t for t in known.values() if t.state == TrialState.FAIL and "trial_dir" in t.user_attrs
              and _retry(conf, TrialDir(t.user_attrs["trial_dir"]), t)]
     retried = {t.number for t in retry}
@@ -117,7 +123,7 @@ def _left_to_run(conf, space, study, specs, composer) -> tuple[list[Pending], in
     finished = [t for t in trials if t.state in FINISHED and t.number not in superseded | retried]
     interrupted = [t for t in known.values() if t.state == TrialState.RUNNING]
     pending = [Pending(composer.spec(t.params, write=True), t) for t in interrupted]
-    pending += [Pending(composer.spec(t.params, write=True)) for t in retry]
+    pending += [Pending(composer.spec(t.params, write=True)) for t in [*retry, *lost.values()]]
     n_new = max(0, conf.n_trials - len(finished) - len(pending))
     return pending, n_new, len(finished), conf.n_trials
 

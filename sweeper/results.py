@@ -16,7 +16,7 @@ import pandas as pd
 
 from core import results_schema as schema
 from core.files import atomic_write
-from core.trial_dir import TrialDir
+from core.trial_dir import TrialDir, result_problem
 
 from . import protocol, summary
 
@@ -29,22 +29,30 @@ def trial_rows(trial_dir: TrialDir, study_state: dict[str, Any] | None = None,
     """The trial's row, or one row per budget of a train.budgets trial; [] before it is planned."""
     meta = trial_dir.read_trial(damaged_ok=True)
     plan = trial_dir.read_sweep_plan()
-    if meta is None and "config" in plan:  # planned, but its worker never started training
-        meta = {"identity": plan["identity"], "config": plan["config"]}
-    if meta is None:
+    if not _has_config(meta) and _has_config(plan):  # planned, never started, or trial.json damaged
+        meta = {"identity": plan.get("identity", trial_dir.identity), "config": plan["config"]}
+    if not _has_config(meta):
         return []
     cfg = meta["config"]
     model, train = cfg["model"], cfg["train"]
     result, failure = trial_dir.read_result(damaged_ok=True), trial_dir.read_failure(damaged_ok=True)
+    damage = trial_dir.damaged_result()
     study_state = study_state or {}
-    if result is not None:
+    if result is not None and damage is None:
         state = schema.COMPLETE
-    elif failure is not None:
+    elif failure is not None or damage is not None:
         state = schema.FAIL
     else:
         state = study_state.get("state") or schema.INTERRUPTED
         if state == schema.RUNNING:
             state = schema.INTERRUPTED
+        elif state == schema.COMPLETE:  # the study says so, the folder cannot show it
+            state = schema.FAIL
+            damage = "missing"
+    if damage is not None:  # never a COMPLETE row without the numbers that make it one
+        what = "missing" if damage == "missing" else f"damaged ({damage})"
+        failure, result = {"reason": f"{trial_dir.result_json.name} is {what}: the next run of the sweep "
+                                     "trains the trial again"}, None
     attempts = trial_dir.read_attempts(damaged_ok=True)
     row = schema.new_row(plan.get("params", {}))
     row.update(
@@ -88,6 +96,12 @@ def trial_rows(trial_dir: TrialDir, study_state: dict[str, Any] | None = None,
     return rows
 
 
+def _has_config(meta: Any) -> bool:
+    """meta (trial.json, or sweep.json) holds a config with the parts a row reads."""
+    cfg = meta.get("config") if isinstance(meta, dict) else None
+    return isinstance(cfg, dict) and all(isinstance(cfg.get(k), dict) for k in ("model", "train", "optim", "data"))
+
+
 def _planned_tokens(train: dict[str, Any]) -> int:
     """The tokens a finished trial trains: whole steps of its budget (TrainConfig.total_steps)."""
     per_step = train["batch_size"] * train["seq_len"] * train["grad_accum"]
@@ -126,7 +140,7 @@ def _budget_rows(row: dict[str, Any], trial_dir: TrialDir, budgets: list[int]) -
         largest = tokens == budgets[-1]
         out = dict(row, identity=schema.budget_identity(row[schema.IDENTITY], tokens), budget_tokens=tokens)
         branch = trial_dir.read_budget_result(tokens, damaged_ok=True)
-        if branch is not None:
+        if branch is not None and result_problem(branch) is None:
             out.update(outcome, state=schema.COMPLETE, fail_reason=None)
             out.update(_outcome(branch))
         elif row[schema.STATE] == schema.COMPLETE:  # result.json without its budget file: damaged or removed

@@ -33,6 +33,11 @@ TRIAL_DIR = "trial_dir"  # the user attribute that names a trial's folder
 # rerun): a grid's values are recorded as ranges (space.py), so the distributions cannot say.
 SAMPLED = "sampled"
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+# A study attribute `superseded:<trial number>` (the reason) marks an ended trial whose folder no
+# longer holds what it ended with (deleted, or a damaged result.json set aside): Optuna can
+# neither reopen nor re-attribute a finished trial, so this one stops counting (by_identity
+# skips it) and the trial trains again as a new one (study_rebuild.reconcile).
+SUPERSEDED = "superseded:"
 
 
 def default_storage_url(sweep_dir: Path) -> str:
@@ -155,17 +160,26 @@ class Study:
         return t
 
     def by_identity(self) -> dict[str, FrozenTrial]:
-        """Latest trial per identity, a finished one preferred over a RUNNING one; its trial_dir
-        attribute is where the folder is now."""
+        """Latest trial per identity, a finished one preferred over a RUNNING one, superseded
+        ones left out; its trial_dir attribute is where the folder is now."""
         out: dict[str, FrozenTrial] = {}
+        gone = self.superseded()
         for t in self.study.get_trials(deepcopy=False):
             ident = t.user_attrs.get("identity")
-            if ident is None:
+            if ident is None or t.number in gone:
                 continue
             prev = out.get(ident)
             if prev is None or (t.state in FINISHED) >= (prev.state in FINISHED):
                 out[ident] = t
         return {ident: self._localised(t) for ident, t in out.items()}
+
+    def superseded(self) -> dict[int, str]:
+        """trial number -> why it no longer counts (its folder lost it)."""
+        return {int(k.removeprefix(SUPERSEDED)): v for k, v in self.study.user_attrs.items() if k.startswith(SUPERSEDED)}
+
+    def supersede(self, trial: FrozenTrial, why: str) -> None:
+        """One attribute per trial: two drivers sharing the study never overwrite each other's."""
+        self.study.set_user_attr(f"{SUPERSEDED}{trial.number}", why)
 
     def grid_distributions(self, space: SweepSpace) -> dict[str, BaseDistribution]:
         """The distributions to record a grid's points with, given what the study already

@@ -8,6 +8,12 @@ without trial numbers. A folder with neither file is left to the plan: it is res
 
 A study trial still RUNNING whose folder ended is closed as the folder says: the driver was
 killed after the worker wrote result.json (or failure.json) and before it told the study.
+
+The other way round (reconcile, run first): a result.json that cannot be reported (unreadable,
+cut off, another schema, no finite loss) is set aside, and an ended study trial whose folder is
+gone, or that says COMPLETE while its folder holds no result.json, is superseded. Each is named
+in one line and the trial trains again: a result that cannot be read cannot be reported, and
+skipping it would drop the trial from results.parquet without a word.
 """
 
 from __future__ import annotations
@@ -27,15 +33,48 @@ from optuna.distributions import (
 )
 from optuna.trial import TrialState
 
-from core.trial_dir import TrialDir
+from core.trial_dir import TRIALS_FOLDER, TrialDir
 
 from .study import TRIAL_DIR, Study
+
+
+def reconcile(study: Study, sweep_dir: Path) -> list[str]:
+    """Make the folders and the study agree before a plan reads them; one line per difference.
+    Only trials whose folders belong in sweep_dir are judged: a shared study's others are not ours."""
+    lines, set_aside = [], set()
+    for d in TrialDir.all_in_sweep(sweep_dir):
+        why = d.damaged_result()
+        if why is not None:
+            aside = d.set_aside_result()
+            set_aside.add(d.identity)
+            lines.append(f"{shown(d.result_json)} is damaged ({why}): set aside as {aside.name}; "
+                         "the trial trains again")
+    trials = Path(sweep_dir).resolve() / TRIALS_FOLDER
+    for ident, t in study.by_identity().items():
+        folder = t.user_attrs.get(TRIAL_DIR)
+        if t.state == TrialState.RUNNING or folder is None or Path(folder).resolve().parent != trials:
+            continue
+        d = TrialDir(folder)
+        if ident in set_aside:  # named above
+            why = f"{d.result_json.name} was damaged"
+        elif not d.path.is_dir():
+            why = f"its folder {shown(d.path)} is gone"
+        elif t.state == TrialState.COMPLETE and not d.finished:
+            why = f"{shown(d.result_json)} is missing"
+        else:
+            continue
+        study.supersede(t, why)
+        if ident not in set_aside:
+            lines.append(f"trial {t.number} ({t.state.name.lower()}) is not in its folder: {why}; "
+                         "the trial trains again")
+    return lines
 
 
 def restore_from_folders(study: Study, sweep_dir: Path, distributions: dict[str, BaseDistribution]) -> tuple[int, int]:
     """Record in the study every ended trial folder of sweep_dir it lacks, and close every
     trial it holds RUNNING whose folder ended; (how many recorded, how many closed)."""
-    trials = study.study.get_trials(deepcopy=False)
+    gone = study.superseded()
+    trials = [t for t in study.study.get_trials(deepcopy=False) if t.number not in gone]
     known = {t.user_attrs.get("identity") for t in trials}
     folders = [d for d in TrialDir.all_in_sweep(sweep_dir) if d.finished or d.failed]
     ended = [d for d in folders if d.identity not in known and d.read_sweep_plan().get("params") is not None]
@@ -66,12 +105,11 @@ def restore_from_folders(study: Study, sweep_dir: Path, distributions: dict[str,
 def _outcome(d: TrialDir) -> tuple[TrialState, float | None, dict[str, Any]]:
     """(state, value, failure attrs) of an ended trial folder, as the study records them."""
     result, failure = d.read_result(damaged_ok=True), d.read_failure(damaged_ok=True)
-    value = (result or {}).get("final_val_loss")
-    if result is not None and value is not None and math.isfinite(value):
-        return TrialState.COMPLETE, value, {}
-    if d.finished and result is None:
-        why = (f"{d.result_json.name} is unreadable (damaged): move it aside and rerun with "
-               "hydra.sweeper.retry_failed=true to train the trial again")
+    damage = d.damaged_result()
+    if result is not None and damage is None:
+        return TrialState.COMPLETE, result["final_val_loss"], {}
+    if d.finished:  # reconcile sets such a file aside first; this is for a direct call
+        why = f"{d.result_json.name} is damaged ({damage}): the next run of the sweep sets it aside and trains it again"
     else:
         why = (failure or {}).get("reason") or "no finite validation loss"
     attrs = {"fail_reason": why}

@@ -49,3 +49,15 @@ def failed_run_message(failed: int, ended: int, results: Path) -> str:
     """The last line when trials of this run failed (the exit status is then 1)."""
     return (f"{failed} of {ended} trials of this run failed (reasons above, under 'failed'; "
             f"table: {results})")
+
+
+def all_failed_before(df: pd.DataFrame) -> bool:
+    """Every trial in the table failed, none of them in this run (that is failed_run_message)."""
+    return not df.empty and bool((df[schema.STATE] == schema.FAIL).all())
+
+
+def failed_before_message(n: int, results: Path) -> str:
+    """The last line of a rerun in which every trial stays failed (the exit status is then 1)."""
+    trials = "the one trial of this sweep" if n == 1 else f"all {n} trials of this sweep"
+    return (f"{trials} failed in an earlier run and {'was' if n == 1 else 'were'} not run again (reasons above, "
+            f"under 'failed'); hydra.sweeper.retry_failed=true trains them again (table: {results})")
