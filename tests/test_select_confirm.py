@@ -187,3 +187,17 @@ def test_a_folder_grown_by_another_command_keeps_the_choices_it_had():
     protocol.check_record(CONF, first)  # the same protocol: fine
     with pytest.raises(ConfigError, match="tune_seeds=.*chose with tune_seeds=\\[100\\]"):
         protocol.check_record(ProtocolConf(tune=["optim.lr"], tune_seeds=[5], confirm_seeds=[1]), first)
+
+
+def test_show_prints_both_stages_and_a_plain_grid_shows_too(tmp_path, data_cache):
+    from .conftest import run_cli
+
+    env = {"SMALLINIT_CACHE": str(data_cache)}
+    proc = run_cli(["--show", "-m", "model=nano", *PROTOCOL[:5]], cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "# stage 1 (tune): 2 setting(s) x optim.lr=0.001,0.01 x seed in [100] = 4 trials" in proc.stdout
+    assert "(up to 2 a side: at most 12 trials)" in proc.stdout
+    assert "# stage 2 (confirm): 2 setting(s) at the value(s) stage 1 chooses x seed in [1, 2] = 4 trials" in proc.stdout
+    assert proc.stdout.count("seed=100") == 4 and not (tmp_path / "sweeps").exists()
+    plain = run_cli(["--show", "-m", "model=nano", "init.gamma=0.5,1.0"], cwd=tmp_path, env=env)
+    assert plain.returncode == 0 and "init.gamma=1.0" in plain.stdout, plain.stderr[-2000:]
