@@ -170,7 +170,7 @@ def load(dirs: list[Path], metric: str = LOSS) -> Sweep:
     done["variant"] = "γ=" + done["gamma"].map(lambda g: f"{g:g}") + " | " + done["setting"]
     done["seed"] = done["init_seed"].astype(str) + "/" + done["train_seed"].astype(str)
     try:
-        tuned, tuning = tune(done.reset_index(drop=True), metric)
+        tuned, tuning = tune(done.reset_index(drop=True), metric, results)
     except ValueError as e:  # a role value other than tune/confirm
         raise ReportError(str(e)) from None
     if tuned.empty:

@@ -13,7 +13,11 @@ Select, then confirm: where the results carry a `role` column (sweeper/protocol.
 choice is made on its role=tune trials only and the comparisons keep only its role=confirm trials
 at that choice, so the seeds that chose the lr are not the seeds that are compared. The kept
 trials carry the seeds that chose (TUNE_SEEDS_COL). Without the column (older records) the
-choice is made on the compared seeds themselves, as before.
+choice is made on the compared seeds themselves, as before. A train.budgets trial trains every
+budget at one lr, and the protocol chose it on the trial's largest budget: with roles each budget
+row is judged by its trial's largest-budget loss (CHOICE_COL), so every budget of a cell keeps
+the confirm trials the protocol ran (judged by its own budget's loss, the smaller budgets would
+choose values that have no confirm trial).
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+
+from core import results_schema as schema
 
 # The optimiser axes tuned per cell (size, setting, gamma); the init is what is compared.
 OPTIM_COLS = ("lr", "weight_decay")
@@ -32,6 +38,7 @@ EDGE_COL = "optim_edge"
 # ("init/train", or one number where they agree) whose tune trials chose its cell's settings.
 ROLE_COL, TUNE, CONFIRM = "role", "tune", "confirm"
 TUNE_SEEDS_COL = "tune_seeds"
+CHOICE_COL = "_choice_loss"
 
 
 def has_roles(df: pd.DataFrame) -> bool:
@@ -122,15 +129,29 @@ def _seed_key(label: str):
     return tuple(int(x) for x in label.split("/"))
 
 
-def tune(df: pd.DataFrame, metric: str) -> tuple[pd.DataFrame, Tuning]:
+def largest_budget_loss(df: pd.DataFrame, results: pd.DataFrame, metric: str) -> pd.Series:
+    """Per row of df: the loss of its trial's largest budget in `results` (every row, any
+    state), NaN where that row did not complete; the row's own loss where the trial has one budget."""
+    if not all(schema.TRIAL_IDENTITY in t and schema.BUDGET_TOKENS in t for t in (df, results)):
+        return df[metric]
+    res = results.dropna(subset=[schema.TRIAL_IDENTITY, schema.BUDGET_TOKENS])
+    last = res.loc[res.groupby(schema.TRIAL_IDENTITY)[schema.BUDGET_TOKENS].idxmax()].set_index(schema.TRIAL_IDENTITY)
+    done = last[schema.STATE] == schema.COMPLETE
+    final = pd.to_numeric(last[metric], errors="coerce").where(done)
+    return df[schema.TRIAL_IDENTITY].map(final).where(df[schema.TRIAL_IDENTITY].notna(), df[metric])
+
+
+def tune(df: pd.DataFrame, metric: str, results: pd.DataFrame | None = None) -> tuple[pd.DataFrame, Tuning]:
     """df (complete trials, labelled) -> (the trials at each cell's best optimiser settings,
-    the record of what was chosen). With roles: chosen on tune trials, confirm trials kept."""
+    the record of what was chosen). With roles: chosen on tune trials, confirm trials kept;
+    results (every row, any state) gives a budget row its trial's largest-budget loss."""
     roles = has_roles(df)
     if roles:
         bad = sorted({str(v) for v in df[ROLE_COL].dropna().unique()} - {TUNE, CONFIRM})
         if bad:
             raise ValueError(f"results column {ROLE_COL}={bad[0]!r} is invalid: must be {TUNE!r} or {CONFIRM!r}")
-    keyed = _with_keys(df)
+    choice = largest_budget_loss(df, results, metric) if roles and results is not None else df[metric]
+    keyed = _with_keys(df.assign(**{CHOICE_COL: choice}))
     axes = _axes(keyed)
     unassigned = int(df[ROLE_COL].isna().sum()) if roles else 0
     if not axes:
@@ -142,10 +163,11 @@ def tune(df: pd.DataFrame, metric: str) -> tuple[pd.DataFrame, Tuning]:
         # With roles the choice is made on the tune trials and the confirm trials are compared;
         # a cell without tune trials cannot choose and keeps nothing.
         g = cell_rows[cell_rows[ROLE_COL] == TUNE] if roles else cell_rows
+        g = g[g[CHOICE_COL].notna()]  # a budget row whose trial's largest budget did not complete
         confirm = cell_rows[cell_rows[ROLE_COL] == CONFIRM] if roles else cell_rows
         if g.empty:
             continue
-        stats = g.groupby(keys).agg(loss=(metric, "mean"), seeds=("seed", "nunique")).reset_index()
+        stats = g.groupby(keys).agg(loss=(CHOICE_COL, "mean"), seeds=("seed", "nunique")).reset_index()
         # An option where some seeds did not complete (diverged, failed) is not comparable on
         # its surviving seeds' mean: a high lr that kills one seed in three is not "best".
         # Options are compared on the cell's full seed set; if none has it, on the most seeds any has.
