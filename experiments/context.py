@@ -11,8 +11,10 @@ import numpy as np
 import pandas as pd
 
 from . import anchor_phase, mechanism, protocol, width
+from . import budgets as budget_fit
 from . import claims as claims_mod
 from . import tokens as token_level
+from .budgets import BudgetFit
 from .claims import Claim
 from .figures import Figures
 from .load import ReportError, Sweep, recipe_variant, variant_of
@@ -70,7 +72,7 @@ class Context:
     def analyse(self) -> None:
         """The shared analyses in one fixed order, before any section draws: a ReportError (no
         baseline for the fit, a bad --arms) then stops the build before a figure is written."""
-        _ = self.effective, self.tokens, self.claims
+        _ = self.effective, self.budgets, self.tokens, self.claims
 
     @property
     def df(self) -> pd.DataFrame:
@@ -117,6 +119,14 @@ class Context:
             return effective_size(self.sweep, self.baseline_gamma, self.baseline, self.metric, n_boot=self.n_boot)
         except ValueError as e:
             raise ReportError(str(e)) from None
+
+    @cached_property
+    def budgets(self) -> BudgetFit | None:
+        """The L(N, D) fit and the crossover surface where the baseline ran at >= 2 budgets and
+        >= 2 widths (budgets.py); None for a one-budget sweep, which keeps the L(N) fit."""
+        if self.anchor:
+            return None
+        return budget_fit.analyse(self.sweep, self.base_variant, self.recipe, self.metric, self.n_boot)
 
     @cached_property
     def base_variant(self) -> str | None:
@@ -178,7 +188,12 @@ class Context:
         slopes = self.balance.slopes
         if self.anchor:
             return [anchor_phase.anchor_claim(self.df), claims_mod.residual_claim(slopes)]
-        sweep, metric, tok = self.sweep, self.metric, self.tokens
+        sweep, metric, tok, bf = self.sweep, self.metric, self.tokens, self.budgets
+        if bf is not None:  # several budgets: the L(N, D) fit and the crossover surface decide these
+            effective, trend = [budget_fit.effective_size_claim(bf)], budget_fit.trend_claims(bf)
+        else:
+            effective = [claims_mod.effective_size_claim(self.effective, self.recipe)]
+            trend = [protocol.width_claim(self.width_trend)]
         return [
             claims_mod.best_gamma_claim(sweep, self.best, metric),
             claims_mod.eps_claim(sweep, metric, self.saturation),
@@ -186,7 +201,7 @@ class Context:
             claims_mod.recipe_claim(sweep, self.base_variant, self.recipe, metric),
             claims_mod.token_claim(tok.results, tok.why_not),
             claims_mod.condensation_claim(self.trajectories),
-            claims_mod.effective_size_claim(self.effective, self.recipe),
-            protocol.width_claim(self.width_trend),
+            *effective,
+            *trend,
             claims_mod.residual_claim(slopes),
         ]

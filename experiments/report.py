@@ -5,7 +5,8 @@
     python -m experiments.report --arms 'gamma=1,eps=1e-12' 'gamma=0.5,eps=1e-5' --baseline-gamma 0.5
 
 Writes reports/<sweep-name>/: index.html (self-contained), report.md, the figures as PNG and
-summary.json (best gamma per (size, setting), the effective-size fit and gains, the claims table).
+summary.json (best gamma per (size, setting), the effective-size fit and gains, the claims table;
+with several token budgets the L(N, D) fit per cell and the crossover surface, experiments/budgets.py).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ SECTIONS = (S.title, S.lead, S.verdicts, S.header, S.tuning, S.failures, S.budge
 # summary.json keeps one key order, so that a rebuilt report diffs cleanly against the
 # committed docs/results/*/summary.json.
 SUMMARY_KEYS = ("sweep", "dirs", "metric", "dtype", "generated", "findings", "scale", "best_gamma", "cells",
-                "effective_size", "tokens", "residual_balance", "importances", "anchor", "tuning", "budget", "width_trend", "claims",
+                "effective_size", "crossover", "tokens", "residual_balance", "importances", "anchor", "tuning", "budget", "width_trend", "claims",
                 "figures", "build_s")
 
 

@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pandas as pd
 
-from . import anchor_phase, findings, protocol
+from . import anchor_phase, budgets, findings, protocol
 from . import figures as F
 from .context import Context, Part
 from .importance import importances
@@ -194,6 +194,8 @@ def width(ctx: Context) -> Part:
 
 
 def effective_size(ctx: Context) -> Part:
+    if ctx.budgets is not None:  # several budgets: the L(N, D) fit replaces the L(N) one
+        return budgets.section(ctx.budgets, ctx.figs, ctx.metric)
     es = ctx.effective
     blocks = [Block("h2", "Effective model size"),
               Block("p", "Fit L(N) = E + A·N^-α to the baseline variant over the sizes present; a variant with loss L at "

@@ -1,0 +1,197 @@
+"""The report over several token budgets (experiments/budgets.py): a synthetic results table
+with known answers through the section and claim functions, and a real tiny select-then-confirm
+sweep with train.budgets over two widths and two arms through the whole report.
+
+The synthetic recipe is the baseline's own L(N, D) at twice its non-embedding N, so N_eff/N is 2
+at every cell; its gap to the baseline, A N^-α (2^-α − 1), is negative and shrinks in size as N
+grows and does not depend on D: the advantage falls with width and is flat in tokens.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import shlex
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from experiments import budgets
+from experiments import sections as S
+from experiments.context import Context
+from experiments.effective_size import non_embedding_params
+from experiments.figures import Figures
+from experiments.load import LOSS, load
+from experiments.render import to_html, to_markdown
+from model import AttnConfig, ModelConfig
+from model.config import llama_d_ff
+
+from .conftest import REPO, TINY, run_cli
+
+WIDTHS, LAYERS, HEAD, VOCAB, SEQ = (128, 192, 256, 384), 4, 64, 4096, 128
+BUDGETS = (327680, 1048576, 3145728)
+E, A, ALPHA, B, BETA = 1.8, 189.0, 0.35, 94.6, 0.3
+ARMS = {"baseline": dict(gamma=0.5, eps=1e-5, gate="none"), "recipe": dict(gamma=1.0, eps=1e-12, gate="elementwise")}
+
+
+def law(n, d, alpha=ALPHA):
+    return E + A * n**-alpha + B * d**-BETA
+
+
+def budget_sweep(root: Path, budget_list=BUDGETS, seeds: int = 4, noise: float = 0.003, alpha: float = ALPHA) -> Path:
+    """A results table of one row per (trial, budget) with trial folders holding trial.json; a
+    seed's luck is shared by both arms at a width (paired), as a shared init seed and data order give."""
+    rng, rows, d = np.random.default_rng(3), [], root / "synth_budgets"
+    for width in WIDTHS:
+        luck = rng.normal(0, noise, seeds)
+        for arm, setting in ARMS.items():
+            cfg = ModelConfig(d_model=width, n_layers=LAYERS, n_heads=width // HEAD, d_ff=llama_d_ff(width),
+                              vocab_size=VOCAB, attn=AttnConfig(gate=setting["gate"]))
+            n = cfg.num_params()
+            ne = non_embedding_params(n, width, VOCAB)
+            for s in range(seeds):
+                ident = f"{arm}{width}s{s}"
+                folder = d / "trials" / ident
+                folder.mkdir(parents=True)
+                (folder / "trial.json").write_text(json.dumps({"identity": ident, "config": {
+                    "model": {"vocab_size": VOCAB, "tie_embeddings": False}, "train": {"seq_len": SEQ}}}))
+                for budget in budget_list:
+                    loss = law(2 * ne if arm == "recipe" else ne, budget, alpha) + luck[s] + rng.normal(0, noise / 4)
+                    rows.append(dict(identity=f"{ident}@{budget}", trial_identity=ident, state="COMPLETE", model="micro",
+                                     n_params=n, d_model=width, n_layers=LAYERS, init_seed=s, train_seed=s, norm="rmsnorm",
+                                     ffn="dense", task="lm", lr=3e-3, tokens=budget, budget_tokens=budget,
+                                     final_val_loss=loss, unigram_entropy=7.0, trial_dir=f"trials/{ident}", **setting))
+    pd.DataFrame(rows).to_parquet(d / "results.parquet")
+    return d
+
+
+def context(sweep_dir: Path, out: Path, n_boot: int = 20) -> Context:
+    out.mkdir(parents=True, exist_ok=True)
+    return Context(load([sweep_dir]), Figures(out), LOSS, 0.5, None, None, (64, 128), (0.5, 1.0), n_boot, lambda _: None)
+
+
+def test_a_recipe_at_twice_n_is_worth_twice_n_with_the_trend_claims_from_the_surface(tmp_path):
+    ctx = context(budget_sweep(tmp_path), tmp_path / "out")
+    bf = ctx.budgets
+    assert bf is not None and bf.baseline == "γ=0.5 | eps=1e-5, gate=none" and bf.recipe.startswith("γ=1 | eps=1e-12")
+    assert bf.shape == {"vocab_size": VOCAB, "tie_embeddings": False, "seq_len": SEQ}
+    es = bf.es
+    assert es.status == "fit" and es.baseline_cells == 12 and len(es.cells) == 12
+    assert (es.fit.alpha, es.fit.beta) == pytest.approx((ALPHA, BETA), rel=0.25)
+    for cell in es.cells:
+        assert cell.n_eff_ratio == pytest.approx(2.0, rel=0.15)
+        assert cell.n_eff_ratio_ci[0] < 2.0 * 1.15 and cell.n_eff_ratio_ci[1] > 2.0 / 1.15
+        assert 1.0 < cell.compute_multiplier < cell.n_eff_ratio  # the head's FLOPs do not double with N
+
+    claim = budgets.effective_size_claim(bf)
+    assert claim.verdict == "supported" and "N_eff/N at d=384, D=3,145,728 = " in claim.reason
+    assert len(claim.numbers) == 12 and all(n["n_eff_ratio_ci"][0] > 1 for n in claim.numbers)
+    width, tokens = budgets.trend_claims(bf)
+    # The gap A N^-α (2^-α − 1) shrinks toward 0 as N grows: the advantage falls with width.
+    assert width.verdict == "contradicted" and width.numbers[0]["lo"] > 0
+    true_slope = (law(2 * 7e6, 1e6) - law(7e6, 1e6) - law(2 * 8e5, 1e6) + law(8e5, 1e6)) / math.log(7e6 / 8e5) * 2
+    assert width.numbers[0]["slope"] == pytest.approx(true_slope, rel=0.5)
+    # Flat in D: the slope's interval holds 0, and the claim says what it excludes.
+    assert tokens.verdict == "inconclusive" and tokens.numbers[0]["lo"] < 0 < tokens.numbers[0]["hi"]
+    assert "nats per e-fold of tokens, 95% interval [" in tokens.reason and tokens.excluded < 0.01
+    assert [c.claim for c in ctx.claims].count("The recipe's advantage grows with width") == 1
+
+    blocks, part = S.effective_size(ctx)
+    summary = json.loads(json.dumps(part, allow_nan=False))
+    assert set(summary) == {"effective_size", "crossover"}
+    cells = summary["effective_size"]["cells"]
+    assert len(cells) == 12 and all(c["n_eff_ratio"] > 1.7 and None not in c["compute_multiplier_ci"] for c in cells)
+    assert summary["effective_size"]["fit"]["beta"] > 0 and summary["effective_size"]["vocab_size"] == VOCAB
+    assert [c["budget_tokens"] for c in summary["crossover"]["d_star"]] == [float(b) for b in BUDGETS]
+    assert summary["crossover"]["pays_at_preset"]["d_model"] == 640
+    assert {f.file for f in ctx.figs.items} == {"loss_vs_compute.png", "gap_map.png"}
+    html = to_html(blocks, "t", ctx.figs.out_dir)
+    assert html.count("data:image/png;base64,") == 2 and "N_eff/N 95% interval" in html
+    md = to_markdown(blocks)
+    assert "| 384 | 3,145,728 |" in md and "Fit: E = " in md
+
+
+def test_degenerate_only_where_the_fit_says_which(tmp_path):
+    """A baseline whose loss rises with N (α < 0): the verdict is inconclusive, reason "degenerate: alpha"."""
+    ctx = context(budget_sweep(tmp_path, alpha=-0.05, seeds=2), tmp_path / "out", n_boot=0)
+    claim = budgets.effective_size_claim(ctx.budgets)
+    assert ctx.budgets.es.status == "degenerate"
+    assert claim.verdict == "inconclusive" and claim.reason.startswith("degenerate: alpha = -")
+
+
+def test_one_budget_keeps_the_one_budget_fit(tmp_path):
+    ctx = context(budget_sweep(tmp_path, budget_list=(327680,), seeds=2), tmp_path / "out", n_boot=10)
+    assert ctx.budgets is None
+    blocks, part = S.effective_size(ctx)
+    assert blocks[0].content == "Effective model size" and "crossover" not in part
+    assert part["effective_size"]["fit"] is not None and "gains" in part["effective_size"]
+
+
+# --- a real sweep ----------------------------------------------------------------------------------
+
+SWEEP = [t for t in TINY if not t.startswith(("wandb.", "train.max_tokens", "train.ckpt_every"))] + [
+    "wandb.mode=disabled", "ray.num_cpus=2", "model.d_model=64,128", "model.head_dim=32", "arm=baseline,small",
+    "optim.lr=3e-3,1e-2", "optim.schedule=wsd", "train.budgets=[512,1024,2048]", "train.cooldown_frac=0.25",
+    "hydra.sweeper.protocol.tune=[optim.lr]", "hydra.sweeper.protocol.tune_seeds=[100]",
+    "hydra.sweeper.protocol.confirm_seeds=[1,2]", "hydra.sweeper.protocol.max_extensions=0", "name=eb"]
+
+
+@pytest.mark.slow
+def test_a_budgets_sweep_under_select_then_confirm_reports_the_fit_and_a_rerun_command(tmp_path, data_cache):
+    """16 nano trials of 16 steps (about 4 min on 2 busy cores), the report built in process, the
+    lead's command checked with --show, the page rendered in headless Chromium where there is one."""
+    from experiments.report import build
+    from experiments.screenshot import find_browser
+
+    proc = run_cli(["-m", *SWEEP], cwd=tmp_path, env={"SMALLINIT_CACHE": str(data_cache), "WANDB_API_KEY": ""})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    sweep_dir = tmp_path / "sweeps" / "eb"
+    out = build([sweep_dir], tmp_path / "reports", widths=(64, 128), n_boot=20, log=lambda _: None)
+    s = json.loads((out / "summary.json").read_text())
+
+    # Compared on confirm rows only, every budget of both arms (each budget keeps its trial's lr).
+    res = pd.read_parquet(sweep_dir / "results.parquet")
+    confirm = res[res["role"] == "confirm"]
+    es = s["effective_size"]
+    assert es["baseline_cells"] == 6 and len(es["cells"]) == 6 and es["fit"]["E"] is not None
+    assert {c["seeds"] for c in es["cells"]} == {2} and es["vocab_size"] == 4096 and es["seq_len"] == 32
+    rec = confirm[confirm["gamma"] == 1.0].groupby(["d_model", "budget_tokens"])["final_val_loss"].mean()
+    for cell in es["cells"]:
+        assert cell["loss"] == pytest.approx(rec[(cell["d_model"], cell["budget_tokens"])], abs=1e-9)
+        assert cell["n_eff_ratio"] is None or cell["n_eff_ratio"] > 0
+    assert s["crossover"]["seeds"] == ["1/1", "2/2"] and len(s["crossover"]["budget_star"]) == 2
+    claims = {c["claim"]: c for c in s["claims"]}
+    eff = claims["Small init is worth a larger effective model size"]
+    assert eff["verdict"] in ("supported", "contradicted", "inconclusive") and eff["reason"]
+    assert eff["verdict"] != "inconclusive" or eff["reason"].startswith(("degenerate: ", "N_eff/N at d=128"))
+    for axis in ("width", "tokens"):
+        c = claims[f"The recipe's advantage grows with {axis}"]
+        assert c["verdict"] in ("supported", "contradicted", "inconclusive") and c["numbers"][0]["seeds"] == 2
+    assert {"loss_vs_compute.png", "gap_map.png"} <= {f["file"] for f in s["figures"]}
+    assert "Effective model size over widths and token budgets" in (out / "report.md").read_text()
+
+    # The lead's command grows the confirm seeds; it sweeps no seed, and its tuning stage is the
+    # one that ran (every trial of it already done).
+    command = s["findings"]["command"]
+    args = shlex.split(command)
+    assert "'hydra.sweeper.protocol.confirm_seeds=[1,2,3]'" in command and not any(a.startswith("seed=") for a in args)
+    assert "optim.lr=0.003,0.01" in args and "hydra.sweeper.protocol.tune_seeds=[100]" in args
+    show = run_cli(["--show", *args[2:]], cwd=tmp_path, env={"SMALLINIT_CACHE": str(data_cache)})
+    assert show.returncode == 0, show.stderr[-2000:]
+    listed = set(re.findall(r"^#   ([0-9a-f]{12})  ", show.stdout, re.M))
+    assert len(listed) == 8 and listed <= set(res["trial_identity"])
+    assert "seed in [1, 2, 3] = 12 trials" in show.stdout
+
+    if find_browser() is not None:
+        import subprocess
+        import sys
+
+        shot = tmp_path / "page.png"
+        proc = subprocess.run([sys.executable, "-m", "experiments.screenshot", str(out), "--out", str(shot)], cwd=REPO,
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        n = len(s["figures"])
+        assert f"{n}/{n} figures rendered" in proc.stdout
