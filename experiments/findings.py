@@ -7,6 +7,7 @@ that runs it, and how the claims came out.
 from __future__ import annotations
 
 import json
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +26,8 @@ SEEDS_WANTED = 3
 SEED_KEYS = ("seed", "train.seed", "init.seed")
 # A swept key with more values than this was sampled from an interval: not a grid to extend.
 GRID_MAX_VALUES = 8
+# Select-then-confirm: the folder's record (sweeper/protocol.py RECORD) and its override prefix.
+PROTOCOL_RECORD, PROTOCOL = "protocol.json", "hydra.sweeper.protocol"
 
 
 @dataclass
@@ -108,7 +111,11 @@ def seeds_command(sweep: Sweep) -> tuple[str | None, str]:
     """(the command that runs SEEDS_WANTED seeds of every setting, or None where the sweep's own
     command cannot be rebuilt; the seed override it adds). Built from the folder's record of its
     fixed overrides and the swept values of its results, so a rerun grows this folder's grid and
-    skips every trial already done."""
+    skips every trial already done. A select-then-confirm folder (protocol.json) grows its
+    confirm seeds instead: the protocol refuses a swept seed."""
+    record = _protocol_record(sweep)
+    if record is not None:
+        return _protocol_command(sweep, record)
     res = sweep.results
     params = {c.removeprefix("param."): res[c].dropna().unique() for c in res.columns if c.startswith("param.")}
     key = next((k for k in SEED_KEYS if k in params), None)
@@ -122,15 +129,79 @@ def seeds_command(sweep: Sweep) -> tuple[str | None, str]:
     while len(new) < SEEDS_WANTED:
         new.append(max(new) + 1)
     seed_override = f"{key}={','.join(str(s) for s in new)}"
-    if len(sweep.dirs) != 1 or any(len(v) > GRID_MAX_VALUES for k, v in params.items() if k != key):
-        return None, seed_override
-    record = Path(sweep.dirs[0]) / "fixed_overrides.json"
-    fixed = list(json.loads(record.read_text()).get("fixed", {}).values()) if record.exists() else None
+    fixed = _fixed_overrides(sweep, params, skip=(key,))
     if fixed is None:
         return None, seed_override
     swept = [f"{k}={','.join(_fmt(v) for v in sorted(vals, key=_order))}" for k, vals in params.items() if k != key]
-    name = Path(sweep.dirs[0]).name
-    return " ".join(["python sweep.py -m", *fixed, *swept, seed_override, f"name={name}"]), seed_override
+    return _command([*fixed, *swept, seed_override], sweep), seed_override
+
+
+def _fixed_overrides(sweep: Sweep, params: dict, skip: tuple[str, ...]) -> list[str] | None:
+    """The folder's recorded fixed overrides; None for several folders, no record, or a swept
+    key sampled from an interval (no grid to repeat)."""
+    if len(sweep.dirs) != 1 or any(len(v) > GRID_MAX_VALUES for k, v in params.items() if k not in skip):
+        return None
+    record = Path(sweep.dirs[0]) / "fixed_overrides.json"
+    return list(json.loads(record.read_text()).get("fixed", {}).values()) if record.exists() else None
+
+
+def _command(args: list[str], sweep: Sweep) -> str:
+    # Quoted for a shell: train.budgets=[512,1024] would otherwise be a glob.
+    return " ".join(["python sweep.py -m", *map(shlex.quote, args), f"name={Path(sweep.dirs[0]).name}"])
+
+
+def _protocol_record(sweep: Sweep) -> dict | None:
+    paths = [Path(d) / PROTOCOL_RECORD for d in sweep.dirs]
+    if not any(p.exists() for p in paths):
+        return None
+    try:
+        return json.loads(next(p for p in paths if p.exists()).read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
+def _protocol_command(sweep: Sweep, record: dict) -> tuple[str | None, str]:
+    """The sweep's command with its confirm seeds grown to SEEDS_WANTED (new seeds skip the
+    tuning seeds). Its tuned keys keep the values the command gave: protocol.json records the
+    values each setting tried, extensions included, and the command's are those every setting
+    tried, where that accounts for each setting's extensions (else None: no command to give)."""
+    confirm, tune_seeds = list(record.get("confirm_seeds", [])), list(record.get("tune_seeds", []))
+    new, s = list(confirm), max(confirm, default=0)
+    while len(new) < SEEDS_WANTED:
+        s += 1
+        if s not in tune_seeds:
+            new.append(s)
+    override = f"{PROTOCOL}.confirm_seeds=[{','.join(str(x) for x in new)}]"
+    tune, seed_key = list(record.get("tune", [])), record.get("seed_key", "seed")
+    res = sweep.results
+    params = {c.removeprefix("param."): res[c].dropna().unique() for c in res.columns if c.startswith("param.")}
+    grid = _command_grid(record)
+    fixed = _fixed_overrides(sweep, params, skip=(seed_key, *tune))
+    if grid is None or fixed is None or not tune:
+        return None, shlex.quote(override)
+    swept = [f"{k}={','.join(_fmt(v) for v in sorted(vals, key=_order))}" for k, vals in params.items()
+             if k != seed_key and k not in tune]
+    tuned = [f"{k}={','.join(_fmt(v) for v in grid[k])}" for k in tune]
+    protocol = [f"{PROTOCOL}.tune=[{','.join(tune)}]", f"{PROTOCOL}.tune_seeds=[{','.join(map(str, tune_seeds))}]",
+                override, f"{PROTOCOL}.max_extensions={record.get('max_extensions', 2)}",
+                *([f"{PROTOCOL}.seed_key={seed_key}"] if seed_key != "seed" else [])]
+    return _command([*fixed, *swept, *tuned, *protocol], sweep), shlex.quote(override)
+
+
+def _command_grid(record: dict) -> dict[str, list] | None:
+    """Per tuned key, the values the command gave: those every setting tried. Exact when each
+    setting tried exactly its extensions more (an extension every setting made would otherwise
+    pass for a value of the command's); None where not."""
+    choices, tune = record.get("choices", []), record.get("tune", [])
+    if not choices or not tune:
+        return None
+    try:
+        grid = {k: sorted(set.intersection(*(set(c["tried"][k]) for c in choices))) for k in tune}
+        extra = [sum(len(c["tried"][k]) - len(grid[k]) for k in tune) for c in choices]
+        ok = all(n == c["extensions"] for n, c in zip(extra, choices))
+    except (KeyError, TypeError):
+        return None
+    return grid if ok and all(len(v) >= 2 for v in grid.values()) else None
 
 
 def _order(v):
