@@ -175,7 +175,7 @@ def section(name: str, s: dict, reading: str | None, command: str | None = None)
                          "–" if b["runner_up"] is None else f"{b['runner_up']:g}", _margin(b["margin"])]
                         for b in s["best_gamma"]]), ""]
     es = s["effective_size"]
-    if es.get("fit"):
+    if es.get("fit") and "gains" in es:  # the one-budget L(N) block; a budgets record's L(N, D) block has cells
         f = es["fit"]
         out += [f"**Effective size.** Baseline fit L(N) = {f['E']:.4f} + {f['A']:.4g}·N^-{f['alpha']:.4f} "
                 f"(γ = {es['baseline_gamma']:g}, {es['baseline_setting']}).", ""]
