@@ -216,8 +216,9 @@ def trend_claims(bf: BudgetFit) -> list[Claim]:
         claim.numbers = [dict(slope=m, lo=lo, hi=hi, seeds=len(co.seeds), unit=f"nats per e-fold of {unit}")]
         text = f"gap slope {m:+.4f} nats per e-fold of {unit}, 95% interval [{lo:+.4f}, {hi:+.4f}] over {len(co.seeds)} seeds"
         crossings = co.d_star if axis == "width" else co.budget_star
-        claim.evidence = [f"gap (recipe − baseline) = {' + '.join(f'{v:+.4f}·{n}' for n, v in co.as_dict()['coefs_mean'].items())}"
-                          f" (seed means)", text] + [_crossing_text(x, axis) for x in crossings]
+        coefs = ", ".join(f"{n.split()[0]} = {v:+.4f}" for n, v in co.as_dict()["coefs_mean"].items())
+        claim.evidence = [f"gap (recipe − baseline) = {co.as_dict()['model']}: {coefs} (seed means)", text,
+                          *[_crossing_text(x, axis) for x in crossings]]
         if hi < 0:
             claim.verdict, claim.reason = SUPPORTED, f"the gap falls with {unit} beyond the seed spread: {text}"
         elif lo > 0:
