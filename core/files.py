@@ -25,12 +25,12 @@ def atomic_write(path: Path, write: Callable[[IO[bytes]], Any]) -> None:
         os.replace(tmp, path)
     except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
-        if _disk_full(e):  # say which file: torch's own message names none ("unexpected pos ...")
+        if disk_full(e):  # say which file: torch's own message names none ("unexpected pos ...")
             raise OSError(errno.ENOSPC, "No space left on device", str(path)) from e
         raise
 
 
-def _disk_full(e: BaseException | None) -> bool:
+def disk_full(e: BaseException | None) -> bool:
     """e, or what it was raised while handling, is a full disk or quota."""
     while e is not None:
         if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):

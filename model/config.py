@@ -13,6 +13,9 @@ from typing import Any
 
 from core.errors import ConfigError, require
 
+# float32's (and bfloat16's) smallest normal number, 2^-126: an init std below it is zero or
+# denormal in the weights, and the model trains as if all-zero.
+SMALLEST_NORMAL = 2.0**-126
 NORM_TYPES = ("rmsnorm", "layernorm")
 GATE_TYPES = ("none", "headwise", "elementwise")
 FFN_TYPES = ("dense", "moe")
@@ -161,6 +164,33 @@ class ModelConfig:
         require(self.rope_theta > 0, "model.rope_theta", self.rope_theta, "must be > 0")
         for key, cls in (("norm", NormConfig), ("attn", AttnConfig), ("ffn", FFNConfig), ("init", InitConfig)):
             require(isinstance(getattr(self, key), cls), f"model.{key}", getattr(self, key), f"must be a {cls.__name__}")
+        self._check_init_stds()
+
+    def init_fan_ins(self) -> dict[str | None, int]:
+        """The largest fan-in each init group draws weights for (None: every Linear without a
+        group), so the smallest std of each (std = fan_in^-gamma). Tested against the built model."""
+        out = {None: self.d_model, "embedding": self.d_model, "attn_out": self.n_heads * self.head_dim,
+               "mlp_out": self.d_ff if self.ffn.type == "dense" else self.d_expert}
+        if not self.tie_embeddings:
+            out["lm_head"] = self.d_model
+        return out
+
+    def _check_init_stds(self) -> None:
+        """Every weight's std must be a normal number in the float32 weights and the bfloat16
+        autocast (one exponent range): init.gamma=1e9 would otherwise train an all-zero model.
+        gamma > 0 and fan_in >= 1 keep every std <= 1, so none can overflow."""
+        widest: dict[str, int] = {}  # each gamma key -> the largest fan-in it sets a std for
+        for group, fan_in in self.init_fan_ins().items():
+            key = "init.gamma" if group is None or getattr(self.init, f"{group}_gamma") is None else f"init.{group}_gamma"
+            widest[key] = max(widest.get(key, 1), fan_in)
+        for key, fan_in in widest.items():
+            gamma = getattr(self.init, key.removeprefix("init."))
+            std = float(fan_in) ** -gamma
+            if fan_in > 1 and std < SMALLEST_NORMAL:
+                most = math.log(1 / SMALLEST_NORMAL) / math.log(fan_in)
+                raise ConfigError(f"{key}={gamma!r} is invalid: std = {fan_in}^-{gamma:g} = {std:.3g} underflows "
+                                  f"float32/bfloat16 (smallest normal {SMALLEST_NORMAL:.3g}); at this width gamma "
+                                  f"must be <= {math.floor(most * 100) / 100:g}")
 
     @property
     def head_dim(self) -> int:

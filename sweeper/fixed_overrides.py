@@ -4,6 +4,9 @@
 Growing the grid stays allowed: a key that either run sweeps (more seeds, one more gamma, a
 subset picked with a fixed value) is not a conflict, and neither are keys that change where
 or how trials run rather than what they compute (Ray, W&B, Hydra's sweeper settings, threads).
+A key the folder was made with as a fixed value may become an axis only around that value
+(train.seed=0 -> train.seed=0,1,2: the folder's trials are a slice of the grown grid); swept
+without it (train.max_tokens=2048,4096 on a folder made at 1024) it is another question.
 """
 
 from __future__ import annotations
@@ -33,15 +36,40 @@ def _fixed(overrides: list[str]) -> dict[str, str]:
     return out
 
 
-def check(sweep_dir: Path, fixed: list[str], swept: list[str]) -> dict:
-    """Raise ConfigError if sweep_dir was made with other fixed overrides; else return the
-    record to write once every other check has passed (nothing is written here)."""
+def _value(override: str) -> str:
+    return override.split("=", 1)[1] if "=" in override else ""
+
+
+def _same(a: str, b: str) -> bool:
+    """One value written two ways (1e-3 and 0.001) is one value."""
+    try:
+        return a == b or float(a) == float(b)
+    except ValueError:
+        return False
+
+
+def check(sweep_dir: Path, fixed: list[str], swept: list[str],
+          swept_values: dict[str, tuple[str, ...]] | None = None) -> dict:
+    """Raise ConfigError if sweep_dir was made with other fixed overrides, or this command
+    sweeps a key it was made with as fixed without that value (swept_values: each swept key's
+    values; a key without them, an interval, does not hold it); else return the record to
+    write once every other check has passed (nothing is written here)."""
     path = Path(sweep_dir) / RECORD
     now = _fixed(fixed)
     before = json.loads(path.read_text()) if path.exists() else None
     if before is not None:
-        swept_any = set(before.get("swept", [])) | set(swept)
         old = before.get("fixed", {})
+        for key in swept:
+            if key not in old or key in before.get("swept", []):
+                continue
+            values = (swept_values or {}).get(key)
+            if values is None or not any(_same(v, _value(old[key])) for v in values):
+                given = f"{key}={','.join(values)}" if values is not None else f"{key} as an interval"
+                raise ConfigError(
+                    f"{given} is invalid in {sweep_dir}: it was made with {old[key]}, and a sweep of {key} "
+                    f"without {_value(old[key])} is another question, so give it its own folder with name=... "
+                    f"(a grid that keeps {_value(old[key])} grows this one)")
+        swept_any = set(before.get("swept", [])) | set(swept)
         differ = sorted(k for k in set(old) | set(now) if k not in swept_any and old.get(k) != now.get(k))
         if differ:
             was = " ".join(old[k] for k in differ if k in old) or "(none)"

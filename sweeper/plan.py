@@ -62,7 +62,8 @@ def plan_sweep(conf: SmallinitSweeperConf, composer: Composer, grid_specs: list[
                checked: list[TrialSpec], sweep_name: str) -> SweepPlan:
     """Open the study and plan against it. Writes the folder of each trial left to run."""
     space, sweep_dir = composer.space, composer.sweep_dir
-    fixed = fixed_overrides.check(sweep_dir, space.fixed, space.swept_keys)
+    fixed = fixed_overrides.check(sweep_dir, space.fixed, space.swept_keys,
+                                  {k: c.strings for k, c in space.discrete.items()})
     storage_url = conf.storage or default_storage_url(sweep_dir)
     storage = open_storage(storage_url)
     sampler = make_sampler(conf.sampler, conf.seed, space.distributions())

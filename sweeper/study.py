@@ -22,6 +22,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from core import results_schema as schema
 from core.errors import ConfigError, first_line
+from core.files import disk_full
 
 if TYPE_CHECKING:
     from .space import SweepSpace
@@ -95,6 +96,9 @@ def open_storage(url: str) -> optuna.storages.BaseStorage:
     except Exception as e:  # SQLAlchemy raises many types: all mean the same to the user
         reason = first_line(e)
         path = Path(url.removeprefix("sqlite:///")) if url.startswith("sqlite:///") else None
+        if path is not None and ("database or disk is full" in str(e) or disk_full(e)):  # not the file's fault
+            raise ConfigError(f"no space left on device: {path} (the study could not be written; free space "
+                              "and rerun the same command)") from None
         if path is not None and path.is_file():  # the file is at fault, not the setting
             from .study_rebuild import unreadable_study
 

@@ -161,3 +161,20 @@ def test_a_corrupt_study_file_is_named_in_one_line(tmp_path, data_cache):
     assert lines[-1].endswith("move it aside and rerun to rebuild it from the trial folders")
     assert "hydra.sweeper.storage" not in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "sweeps" / "bad" / "trials").exists()
+
+
+def test_a_full_disk_while_the_study_is_created_says_so_not_corrupt(tmp_path):
+    from core.errors import ConfigError
+    from sweeper.study import open_storage
+
+    folder = tmp_path / "full"
+    if not _mount_tmpfs(folder, "64k"):
+        pytest.skip("mounting a small tmpfs needs root")
+    try:
+        (folder / "fill").write_bytes(b"\0" * 65536)
+        with pytest.raises(ConfigError) as e:
+            open_storage(f"sqlite:///{folder / 'optuna.db'}")
+        assert str(e.value) == (f"no space left on device: {folder / 'optuna.db'} (the study could not be written; "
+                                "free space and rerun the same command)")
+    finally:
+        subprocess.run(["umount", "-l", str(folder)])
