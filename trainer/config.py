@@ -102,6 +102,9 @@ class TrainConfig:
         for key in ("eval_tokens", "per_token_eval_tokens", "probe_every", "ckpt_every", "log_every", "seed"):
             value = getattr(self, key)
             require(isinstance(value, int) and value >= 0, f"train.{key}", value, "must be an integer >= 0")
+        # As init.seed: the eval sampler seeds a torch.Generator (64 bits) with seed * 1_000_003 + i,
+        # and results.parquet holds the seed as int64.
+        require(self.seed < 2**32, "train.seed", self.seed, "must be an integer in [0, 2^32)")
         require(isinstance(self.cooldown_frac, int | float) and 0 < self.cooldown_frac < 1,
                 "train.cooldown_frac", self.cooldown_frac, "must be a number in (0, 1)")
         if self.budgets_per_param is not None:
