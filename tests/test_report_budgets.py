@@ -141,7 +141,7 @@ SWEEP = [t for t in TINY if not t.startswith(("wandb.", "train.max_tokens", "tra
 
 @pytest.mark.slow
 def test_a_budgets_sweep_under_select_then_confirm_reports_the_fit_and_a_rerun_command(tmp_path, data_cache):
-    """16 nano trials of 16 steps (about 4 min on 2 busy cores), the report built in process, the
+    """16 nano trials of 16 steps (about 5 min with the report on 2 busy cores), the report built in process, the
     lead's command checked with --show, the page rendered in headless Chromium where there is one."""
     from experiments.report import build
     from experiments.screenshot import find_browser
