@@ -30,6 +30,7 @@ from .schedule import budget_branches, budget_warmup
 SCHEDULES = ("cosine", "wsd", "constant")
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "fp32", "bf16")
+PARALLEL = ("ddp", "fsdp")
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,9 @@ class TrainConfig:
     compile: bool = False
     threads: int | None = None
     peak_tflops: float | None = None
+    # With ray.workers_per_trial > 1: how the workers share the model (trainer/distributed.py):
+    # ddp keeps a whole copy on each, fsdp shards it per block. Hardware: not in the identity.
+    parallel: str = "ddp"
     # Several token budgets from one run (trainer/schedule.py): strictly increasing, each a
     # whole number of steps; the largest replaces max_tokens. Each budget's cooldown is
     # cooldown_frac of its steps. Null: one budget, max_tokens or max_steps.
@@ -137,6 +141,7 @@ class TrainConfig:
             )
         require(self.device in DEVICES, "train.device", self.device, f"one of {list(DEVICES)}")
         require(self.dtype in DTYPES, "train.dtype", self.dtype, f"one of {list(DTYPES)}")
+        require(self.parallel in PARALLEL, "train.parallel", self.parallel, f"one of {list(PARALLEL)}")
         require(self.threads is None or self.threads > 0, "train.threads", self.threads, "must be > 0 or null")
         require(self.max_epochs is None or (isinstance(self.max_epochs, int | float) and self.max_epochs > 0),
                 "train.max_epochs", self.max_epochs, "must be a number > 0 or null (no limit)")
@@ -198,11 +203,11 @@ class TrialConfig:
 
     def identity(self) -> str:
         """Hash of what determines the trial's numbers. Hardware, paths, logging and guards
-        (device, threads, compile, cache_dir, peak_tflops, log_every, max_epochs) are left out:
-        the same trial on another machine, logged more densely or allowed more passes, is the
-        same trial."""
+        (device, threads, compile, parallel, cache_dir, peak_tflops, log_every, max_epochs) are
+        left out: the same trial on another machine or another number of workers, logged more
+        densely or allowed more passes, is the same trial."""
         d = self.to_dict()
-        for key in ("device", "threads", "compile", "peak_tflops", "log_every", "max_epochs"):
+        for key in ("device", "threads", "compile", "parallel", "peak_tflops", "log_every", "max_epochs"):
             d["train"].pop(key, None)
         d["data"].pop("cache_dir", None)
         if not d["data"].get("val_paths"):  # added later: trials run on token files before keep their identity

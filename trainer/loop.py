@@ -26,6 +26,7 @@ from model import Transformer, run_probes
 
 from .checkpoint import load_checkpoint, save_checkpoint
 from .config import TrialConfig
+from .distributed import Single
 from .host_memory import retain_freed_memory
 from .precision import autocast_for, resolve_dtype
 from .reporting import JsonlReporter, MultiReporter, Reporter, Timer
@@ -110,8 +111,12 @@ def _is_heatmap_step(step: int, total: int, every: int) -> bool:
     return step % every == 0 and (k & (k - 1)) == 0
 
 
-def run_trial(trial: TrialConfig, out_dir: Path, reporter: Reporter | None = None, log=print, prepared=None) -> TrialResult:
-    """Train one trial into out_dir, resuming from its checkpoint if one is there."""
+def run_trial(trial: TrialConfig, out_dir: Path, reporter: Reporter | None = None, log=print, prepared=None,
+              dist=None) -> TrialResult:
+    """Train one trial into out_dir, resuming from its checkpoint if one is there. `dist` is
+    this process's part of a multi-process trial (trainer/distributed.py): every rank trains,
+    rank 0 alone evaluates, probes and writes the folder; None is one process."""
+    dist = dist or Single()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     folder = TrialDir(out_dir)
@@ -124,8 +129,9 @@ def run_trial(trial: TrialConfig, out_dir: Path, reporter: Reporter | None = Non
         return TrialResult(**finished)
     if t.threads:
         torch.set_num_threads(t.threads)
-    folder.write_trial(identity, trial.to_dict())
-    device = resolve_device(t.device)
+    if dist.is_main:
+        folder.write_trial(identity, trial.to_dict())
+    device = resolve_device(t.device) if dist.world == 1 else dist.device
     precision = resolve_dtype(device, t.dtype)
     log(f"dtype: {precision.dtype} ({precision.reason})")
     if device.type == "cpu":
@@ -134,6 +140,7 @@ def run_trial(trial: TrialConfig, out_dir: Path, reporter: Reporter | None = Non
     task = make_task(trial, log=log, prepared=prepared)
 
     model = Transformer(trial.model).to(device)
+    step_model = dist.wrap(model)  # the model itself, or its DDP wrapper (FSDP shards it in place)
     optimizer = make_optimizer(model, trial.optim)
     total = t.total_steps
     # With budgets the main run is the largest budget's branch; the others fork off it.
@@ -146,27 +153,30 @@ def run_trial(trial: TrialConfig, out_dir: Path, reporter: Reporter | None = Non
         return branch_lr_at(step, main, warmup, trial.optim) if main else lr_at(step, total, trial.optim)
 
     start, best, prior_wall, prior_train = 0, None, 0.0, 0.0
-    state = load_checkpoint(folder.checkpoint, identity, device, log=log)
+    state = load_checkpoint(folder.checkpoint, identity, device, log=log) if dist.is_main else None
+    state = dist.load(step_model, optimizer, state)  # off rank 0: its scalars only
     if state is not None:
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
         start, best = state["step"], state["best_val_loss"]
         prior_wall, prior_train = state["wall_s"], state["train_s"]
     budgets_done = _budgets_done(folder, side, identity, state)
     if state is not None:
         note = f" (budgets done: {', '.join(str(b) for b in sorted(budgets_done))})" if budgets_done else ""
         log(f"resuming {identity} from step {start}/{total}{note}")
-    jsonl = JsonlReporter(folder.metrics, resume_step=start if state is not None else None)
+    jsonl = JsonlReporter(folder.metrics, resume_step=start if state is not None else None) if dist.is_main else None
     report = MultiReporter(jsonl, reporter)
-    fwd = torch.compile(model) if t.compile else model
+    fwd = torch.compile(step_model) if t.compile else step_model
     probe_idx = task.probe_idx.to(device)
     flops_tok, peak = flops_per_token(trial), peak_flops(trial, device)
-    folder.probes.mkdir(exist_ok=True)
+    if dist.is_main:
+        folder.probes.mkdir(exist_ok=True)
 
     def checkpoint(step: int) -> None:
+        model_state, optim_state = dist.state(step_model, optimizer)  # whole, on rank 0
+        if not dist.is_main:
+            return
         save_checkpoint(folder.checkpoint, {
-            "identity": identity, "step": step, "best_val_loss": best, "model": model.state_dict(),
-            "optimizer": optimizer.state_dict(), "wall_s": prior_wall + time.perf_counter() - t0,
+            "identity": identity, "step": step, "best_val_loss": best, "model": model_state,
+            "optimizer": optim_state, "wall_s": prior_wall + time.perf_counter() - t0,
             "train_s": prior_train + timer.elapsed, "budgets_done": sorted(budgets_done),
         })
 
@@ -176,7 +186,7 @@ def run_trial(trial: TrialConfig, out_dir: Path, reporter: Reporter | None = Non
         for group in optimizer.param_groups:
             group["lr"] = lr
         for micro in range(t.grad_accum):
-            x, y = task.train_batch(step * t.grad_accum + micro)
+            x, y = dist.local(*task.train_batch(step * t.grad_accum + micro))
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
             with autocast():
                 logits, aux = fwd(x, return_aux=True)
@@ -184,7 +194,7 @@ def run_trial(trial: TrialConfig, out_dir: Path, reporter: Reporter | None = Non
             (loss / t.grad_accum).backward()
             pending += loss.detach().float()
             if sync_every == 1:  # the CPU: catch a NaN before the optimizer step uses it
-                _check_finite(pending, step + 1, step + 1)
+                _check_finite(dist.mean(pending), step + 1, step + 1)
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), trial.optim.grad_clip) if trial.optim.grad_clip else None
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -241,15 +251,20 @@ def run_trial(trial: TrialConfig, out_dir: Path, reporter: Reporter | None = Non
     def observe(step: int, train_stats: dict[str, float]) -> dict[str, float]:
         nonlocal best
         metrics = dict(train_stats)
-        if step % t.eval_every == 0 or step == total:
-            model.eval()
-            metrics.update(task.evaluate(fwd, device, autocast))
-            model.train()
+        evaluate = step % t.eval_every == 0 or step == total
+        probe = t.probe_every and (step % t.probe_every == 0 or step == total)
+        whole = dist.full_model(model) if evaluate or probe else None  # every rank calls it (FSDP gathers)
+        if evaluate:
+            if dist.is_main:
+                whole.eval()
+                metrics.update(task.evaluate(fwd if dist.world == 1 else whole, device, autocast))
+                whole.train()
+            metrics = dist.share(metrics)  # every rank reports each evaluation (Ray Train's report is collective)
             if "val/loss" in metrics:
                 best = metrics["val/loss"] if best is None else min(best, metrics["val/loss"])
                 metrics["val/best_loss"] = best
-        if t.probe_every and (step % t.probe_every == 0 or step == total):
-            probes = run_probes(model, probe_idx)
+        if probe and dist.is_main:
+            probes = run_probes(whole, probe_idx)
             metrics.update(probes.scalars)
             if _is_heatmap_step(step, total, t.probe_every):
                 np.savez_compressed(folder.probe_snapshot(step),
@@ -282,11 +297,11 @@ def run_trial(trial: TrialConfig, out_dir: Path, reporter: Reporter | None = Non
                    or (t.log_every and done % t.log_every == 0))
             ckpt_due = t.ckpt_every and done % t.ckpt_every == 0 and done < total
             if due or ckpt_due or done % sync_every == 0:
-                loss_sum += _check_finite(pending, last_read + 1, done)
+                loss_sum += _check_finite(dist.mean(pending), last_read + 1, done)
                 pending.zero_()
                 last_read = done
             if due:
-                grad_norm = float(grad_norm_t)
+                grad_norm = float(grad_norm_t.full_tensor() if hasattr(grad_norm_t, "full_tensor") else grad_norm_t)
                 interval = timer.elapsed - interval_start
                 steps_in_interval = loss_n / t.grad_accum
                 tok_s = steps_in_interval * t.batch_size * t.seq_len * t.grad_accum / max(interval, 1e-9)
@@ -299,12 +314,14 @@ def run_trial(trial: TrialConfig, out_dir: Path, reporter: Reporter | None = Non
             if ckpt_due:
                 checkpoint(done)
             fork(done)
-        per_token = task.per_token_losses(model.eval(), device, autocast)  # the main run's (largest budget's) model
+        whole = dist.full_model(model)
+        per_token = task.per_token_losses(whole.eval(), device, autocast) if dist.is_main else {}  # the main run's (largest budget's) model
         if per_token:
             np.savez_compressed(folder.per_token_losses, **per_token)
         # Done: keep the final weights (for later analysis), drop the optimizer state, which
         # is twice their size and only ever needed to resume.
-        save_checkpoint(folder.model_weights, {"identity": identity, "step": total, "model": model.state_dict()})
+        if dist.is_main:
+            save_checkpoint(folder.model_weights, {"identity": identity, "step": total, "model": whole.state_dict()})
     finally:
         report.close()
 
@@ -316,8 +333,10 @@ def run_trial(trial: TrialConfig, out_dir: Path, reporter: Reporter | None = Non
         corpus_tokens=task.corpus_tokens,
         wall_s=prior_wall + time.perf_counter() - t0, tokens_per_s=tok_s,
         mfu=(tok_s * flops_tok / peak) if peak else None, dtype=precision.dtype, final_metrics=last,
-        artifacts=folder.artifacts(per_token_losses=bool(per_token)), budget_tokens=main.tokens if main else None,
+        artifacts=folder.artifacts(per_token_losses=bool(per_token)) if dist.is_main else {}, budget_tokens=main.tokens if main else None,
     )
+    if not dist.is_main:
+        return result
     if main:
         folder.write_budget_result(main.tokens, asdict(result))
     folder.write_result(asdict(result))
