@@ -114,7 +114,8 @@ def best_gamma_claim(sweep: Sweep, best: pd.DataFrame, metric: str) -> Claim:
 
 def eps_claim(sweep: Sweep, metric: str, sat_init: pd.DataFrame) -> Claim:
     c = Claim("eps = 1e-12 helps at small init", "lowering RMSNorm eps from 1e-5 to 1e-12 removes norm saturation "
-              "under small init (the effect needs width; RESEARCH.md: damping ~0.93 at d=128, ~0.15 at d=2048)",
+              "under small init (the effect needs width; docs/paper.md#saturation-arithmetic: damping ~0.93 "
+              "at d=128, ~0.15 at d=2048)",
               NOT_RUN, "")
     df = sweep.complete
     keys = ["size", "gamma", *[k for k in sweep.setting_cols if k != "eps"]]

@@ -8,7 +8,7 @@ gamma = 0.5 is the LeCun/Xavier-like standard; gamma = 1 is the paper's small in
 embedding uses d_model: a normalised block input is O(1), two matrices scale it by
 d^(1/2 - gamma) each, so a block's update is ~d^(1 - 2 gamma); against a stream of scale
 d^-gamma the update-to-stream ratio is d^(1 - gamma), which is width-independent exactly at
-gamma = 1 (see shared/RESEARCH.md).
+gamma = 1 (docs/paper.md#embedding-and-head-std).
 
 Each parameter draws its noise from its own generator seeded by (init.seed, parameter name),
 on the CPU, then moves to the parameter's device. So the same seed gives identical weights on

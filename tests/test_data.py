@@ -100,7 +100,7 @@ def test_meta_and_unigram_numbers(bilingual):
     assert data.dtype == "uint16"
     assert data.n_train_tokens == data.train_path.stat().st_size // 2 == len(data.train_tokens())
     assert data.n_val_tokens == data.val_path.stat().st_size // 2
-    assert 2.0e6 < data.n_train_tokens + data.n_val_tokens < 3.5e6  # ~2.8M per RESEARCH.md
+    assert 2.0e6 < data.n_train_tokens + data.n_val_tokens < 3.5e6  # ~2.8M: docs/paper.md#corpus-size
     val = np.asarray(data.val_tokens())
     assert data.unigram_entropy == pytest.approx(unigram_entropy(val), rel=1e-12)
     assert 5.0 < data.unigram_entropy < math.log(4096)

@@ -1,6 +1,7 @@
 """The gamma rule: measured std of every parameter, group overrides, seeding, missed parameters.
 
-The expected std is written here from the spec (RESEARCH.md), not read back from model/init.py:
+The expected std is written here from the spec (docs/paper.md#the-init-rule and
+docs/paper.md#embedding-and-head-std), not read back from model/init.py:
     Linear weight (incl. q/k/v/o, gate_proj, router, experts, lm_head): in_features ** -gamma
     token embedding: d_model ** -gamma
     norm gains 1, every bias 0

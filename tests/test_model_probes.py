@@ -223,7 +223,7 @@ def wide_cfg(eps: float, norm: str = "rmsnorm") -> ModelConfig:
 @pytest.mark.parametrize("norm", ["rmsnorm", "layernorm"])
 def test_norm_saturates_at_gamma_1_width_2048_unless_eps_is_tiny(norm):
     idx = tokens(64, 2, 16)
-    # RESEARCH.md: mean(x^2) ~ 2048^-2 = 2.4e-7, so ms / (ms + 1e-5) ~ 0.023.
+    # docs/paper.md#saturation-arithmetic: mean(x^2) ~ 2048^-2 = 2.4e-7, so ms / (ms + 1e-5) ~ 0.023.
     sat = activation_probes(Transformer(wide_cfg(1e-5, norm)), idx)["saturation/blocks.0.norm1"]
     assert sat < 0.5
     assert sat == pytest.approx(2048**-2 / (2048**-2 + 1e-5), rel=0.1)
@@ -250,7 +250,7 @@ def test_saturated_norm_damps_its_output():
     y = model.blocks[0].norm1(x)
     ms = x.pow(2).mean(-1)
     torch.testing.assert_close(y.pow(2).mean(-1), ms / (ms + 1e-5), rtol=1e-4, atol=0)
-    assert y.pow(2).mean().sqrt() < 0.2  # RESEARCH.md's ~0.15
+    assert y.pow(2).mean().sqrt() < 0.2  # ~0.15: docs/paper.md#saturation-arithmetic
 
 
 # --------------------------------------------------------------------------- residual ratio
@@ -280,12 +280,12 @@ def residual_slope(gamma: float, eps: float, seed: int = 0) -> float:
     return float((xc * (y - y.mean())).sum() / (xc * xc).sum())
 
 
-# The update-to-stream ratio goes like d^(1 - gamma) (RESEARCH.md). Calibration on this code
-# (eps = 1e-12, seeds 0-9): slope 0.493..0.517 at gamma = 0.5 and -0.026..+0.017 at gamma = 1,
-# so the seed spread is <= 0.026 around the prediction. A tolerance of 0.1 is ~4x that and
-# still rejects a wrong exponent: an embedding left at std 1 would give slope 0 at gamma = 0.5
-# and -1 at gamma = 1, a fixed std d^-0.5 on o_proj +0.5 at gamma = 1, and eps = 1e-5
-# saturation gives -0.41..-0.45 at gamma = 1 (tested below).
+# The update-to-stream ratio goes like d^(1 - gamma) (docs/paper.md#embedding-and-head-std).
+# Calibration on this code (eps = 1e-12, seeds 0-9): slope 0.493..0.517 at gamma = 0.5 and
+# -0.026..+0.017 at gamma = 1, so the seed spread is <= 0.026 around the prediction. A
+# tolerance of 0.1 is ~4x that and still rejects a wrong exponent: an embedding left at std 1
+# would give slope 0 at gamma = 0.5 and -1 at gamma = 1, a fixed std d^-0.5 on o_proj +0.5 at
+# gamma = 1, and eps = 1e-5 saturation gives -0.41..-0.45 at gamma = 1 (tested below).
 SLOPE_TOL = 0.1
 
 
