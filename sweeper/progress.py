@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from ray import tune
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
+
+from core.errors import first_line
 
 
 class ProgressTable(tune.Callback):
@@ -76,10 +79,43 @@ class ProgressTable(tune.Callback):
         state = "FAIL" if result.get("failed") else ("COMPLETE" if result.get("done_training") else "PRUNED")
         self._update(trial, state, result)
 
+    def on_trial_recover(self, iteration, trials, trial, **info):
+        # Tune's own report of a failed trial task is a Ray traceback (off: tuner.py sets
+        # TUNE_PRINT_ALL_TRIAL_ERRORS=0); a retried trial needs one line, not an alarm.
+        self._say(trial, f"{_what_failed(trial)}; retrying from its last checkpoint "
+                         f"(retry {trial.run_metadata.num_failures} of {trial.max_failures})")
+
     def on_trial_error(self, iteration, trials, trial, **info):
+        self._say(trial, f"{_what_failed(trial)} and its retries (hydra.sweeper.max_retries={trial.max_failures}) "
+                         f"are used up: recorded as failed; its error is in {_error_file(trial)}")
         self._update(trial, "FAIL")
+
+    def _say(self, trial, text: str) -> None:
+        # On a terminal Live draws it above the table; soft_wrap: one line however long in a log.
+        self.console.print(f"trial {self._row(trial)['number']}: {text}", highlight=False, soft_wrap=True)
 
     def close(self) -> None:
         if self.live is not None:
             self.live.stop()
             self.live = None
+
+
+def _what_failed(trial) -> str:
+    """'its Ray worker died (ActorDiedError)': the error Tune recorded for the trial's task
+    (Trial.handle_error pickles it to the driver's staging folder before the callbacks run)."""
+    from ray import cloudpickle
+    from ray.exceptions import RayActorError
+
+    try:
+        with open(trial.pickled_error_file, "rb") as f:
+            err = cloudpickle.load(f)
+    except Exception:  # noqa: BLE001 - no file, or one that does not unpickle: a display line must not stop the sweep
+        return "its Ray worker died or its task failed"
+    if isinstance(err, RayActorError):  # killed, out of memory, its node lost
+        return f"its Ray worker died ({type(err).__name__})"
+    return f"its Ray task failed ({type(err).__name__}: {first_line(err)})"
+
+
+def _error_file(trial) -> str:
+    """Where Tune keeps the error: error.txt in the trial's folder under the sweep's ray/tune/."""
+    return str(Path(trial.path, Path(trial.error_file).name)) if trial.error_file else str(trial.path)

@@ -36,6 +36,8 @@ def run_trials(conf: SmallinitSweeperConf, ray_cfg: dict[str, Any], plan: SweepP
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # our ProgressTable is the display
     # A failed trial's last report has no val_loss; it is still a result we want recorded.
     os.environ.setdefault("TUNE_DISABLE_STRICT_METRIC_CHECKING", "1")
+    # A failed trial task is one line from ProgressTable (retried or not), not Tune's Ray traceback.
+    os.environ.setdefault("TUNE_PRINT_ALL_TRIAL_ERRORS", "0")
     # Tune's default loggers include TensorBoard's, whose import pulls torch into the driver
     # (~2-3 s of every sweep's start): add the loggers ourselves, TensorBoard only when asked.
     os.environ["TUNE_DISABLE_AUTO_CALLBACK_LOGGERS"] = "1"

@@ -35,9 +35,10 @@ def test_atomic_write_keeps_the_old_file_when_writing_fails(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["summary.json"]  # no temp file left behind
 
 
-def test_a_killed_ray_worker_is_retried_from_its_checkpoint(tmp_path, data_cache):
+def start_and_kill_the_worker(tmp_path, data_cache, *extra) -> tuple[subprocess.Popen, Path]:
+    """A one-trial sweep whose Ray worker is killed with SIGKILL once it has checkpointed."""
     args = ["init.gamma=1.0", "train.max_tokens=8192", "train.eval_every=8", "train.ckpt_every=8",
-            "train.probe_every=0", "wandb.mode=disabled", "name=workerkill"]
+            "train.probe_every=0", "wandb.mode=disabled", "name=workerkill", *extra]
     env = {**os.environ, "PYTHONPATH": str(REPO), "SMALLINIT_CACHE": str(data_cache)}
     driver = subprocess.Popen([sys.executable, str(REPO / "sweep.py"), "-m", *TINY_SWEEP, *args], cwd=tmp_path,
                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -51,16 +52,34 @@ def test_a_killed_ray_worker_is_retried_from_its_checkpoint(tmp_path, data_cache
             break
         time.sleep(0.2)
     assert checkpoint is not None, "the trial never checkpointed"
-    worker_pid = json.loads((checkpoint.parent / "placement.json").read_text())[-1]["pid"]
-    os.kill(worker_pid, signal.SIGKILL)
+    os.kill(json.loads((checkpoint.parent / "placement.json").read_text())[-1]["pid"], signal.SIGKILL)
+    return driver, tmp_path / "sweeps" / "workerkill"
+
+
+def test_a_killed_ray_worker_is_retried_from_its_checkpoint(tmp_path, data_cache):
+    driver, sweep_dir = start_and_kill_the_worker(tmp_path, data_cache)
     out, err = driver.communicate(timeout=600)
     assert driver.returncode == 0, err[-3000:]
-    df = pd.read_parquet(tmp_path / "sweeps" / "workerkill" / "results.parquet")
+    # One line for the retry, not Tune's 25-line Ray traceback (TUNE_PRINT_ALL_TRIAL_ERRORS=0, ProgressTable).
+    assert "Traceback" not in out + err
+    assert "trial 0: its Ray worker died (ActorDiedError); retrying from its last checkpoint (retry 1 of 2)\n" in out
+    df = pd.read_parquet(sweep_dir / "results.parquet")
     assert len(df) == 1 and df["state"][0] == "COMPLETE" and df["attempts"][0] == 2
-    metrics = tmp_path / "sweeps" / "workerkill" / df["metrics_path"][0]  # stored relative to the sweep
+    metrics = sweep_dir / df["metrics_path"][0]  # stored relative to the sweep
     steps = [json.loads(line)["step"] for line in metrics.read_text().splitlines()]
     assert steps == sorted(set(steps)) and steps[-1] == 64  # resumed, no step logged twice
     assert steps[0] == 0 and 8 in steps  # the second attempt kept the first attempt's history
+
+
+def test_a_killed_ray_worker_without_retries_left_is_one_line_naming_the_error_file(tmp_path, data_cache):
+    driver, sweep_dir = start_and_kill_the_worker(tmp_path, data_cache, "hydra.sweeper.max_retries=0")
+    out, err = driver.communicate(timeout=600)
+    assert driver.returncode == 1 and "Traceback" not in out + err
+    error_txt = next((sweep_dir / "ray" / "tune").glob("trial_0_*/error.txt"))
+    assert (f"trial 0: its Ray worker died (ActorDiedError) and its retries (hydra.sweeper.max_retries=0) are used "
+            f"up: recorded as failed; its error is in {error_txt}\n") in out
+    assert "The actor died unexpectedly" in error_txt.read_text()
+    assert pd.read_parquet(sweep_dir / "results.parquet")["state"].tolist() == ["FAIL"]
 
 
 def test_two_sweeps_share_one_study_storage_at_once(tmp_path, data_cache):
