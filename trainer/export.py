@@ -19,7 +19,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from core.errors import ConfigError
+from core.errors import ConfigError, first_line
 from core.trial_dir import TrialDir
 from model.config import AttnConfig, FFNConfig, InitConfig, ModelConfig, NormConfig
 
@@ -102,9 +102,11 @@ def export(trial_dir: Path, out_dir: Path, tokenizer: Path | None = None) -> Pat
     cfg = model_config_from_dict(record["config"]["model"])
     check_exportable(cfg)
     # Settled before anything is written, so a refusal leaves no half-made folder.
+    out_dir = Path(out_dir)
+    _check_out_dir(out_dir)
+    state = _read_weights(folder.model_weights, torch)
     tok_file = Path(tokenizer) if tokenizer else _trained_tokenizer(record["config"]["data"])
     eot = _end_of_text_id(tok_file, cfg.vocab_size) if tok_file is not None else None
-    state = torch.load(folder.model_weights, map_location="cpu", weights_only=False)["model"]
     hf = llama_state_dict(state, cfg.n_layers)
     if cfg.tie_embeddings:
         hf.pop("lm_head.weight", None)
@@ -115,7 +117,6 @@ def export(trial_dir: Path, out_dir: Path, tokenizer: Path | None = None) -> Pat
     missing = [m for m in missing if not (cfg.tie_embeddings and m == "lm_head.weight")]
     if missing or unexpected:
         raise RuntimeError(f"export mapping incomplete: missing {missing[:5]}, unexpected {unexpected[:5]}")
-    out_dir = Path(out_dir)
     model.save_pretrained(out_dir, safe_serialization=True)  # config.json and generation_config.json
     if tok_file is not None:
         specials = {} if eot is None else {f"{role}_token": EOT for role in ("bos", "eos", "pad")}
@@ -125,6 +126,35 @@ def export(trial_dir: Path, out_dir: Path, tokenizer: Path | None = None) -> Pat
     (out_dir / "smallinit.json").write_text(json.dumps({"identity": record["identity"], "config": record["config"]},
                                                        indent=2))
     return out_dir
+
+
+def _check_out_dir(out_dir: Path) -> None:
+    """The output must be a folder, new or existing; transformers would log an error and
+    write nothing where it is a file, then the tokenizer's save would raise."""
+    for p in (out_dir, *out_dir.parents):
+        if p.exists():
+            if not p.is_dir():
+                raise ConfigError(f"OUT_DIR={out_dir} is invalid: {p} is a file, not a folder; give a new or "
+                                  "existing folder for the Hugging Face files")
+            return
+
+
+def _read_weights(path: Path, torch) -> dict:
+    """model.pt's state dict. The trainer writes it atomically, so a file that does not load
+    was damaged afterwards (a copy cut short, a full disk elsewhere)."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=False)
+        if not isinstance(state, dict) or not isinstance(state.get("model"), dict):
+            raise ValueError(f"holds a {type(state).__name__} without a 'model' state dict")
+    except Exception as e:  # noqa: BLE001 - truncated (RuntimeError), not a zip, not a pickle: all one answer
+        if isinstance(e, MemoryError):
+            raise  # the file may be fine: the machine is not
+        if isinstance(e, PermissionError):
+            raise ConfigError(f"{path} cannot be read: permission denied") from None
+        raise ConfigError(f"{path} is unreadable ({type(e).__name__}: {first_line(e)}): copy it again from where "
+                          "it came, or move the trial's result.json aside and rerun the sweep's command to "
+                          "train the trial again") from None
+    return state["model"]
 
 
 def _end_of_text_id(tok_file: Path, vocab_size: int) -> int | None:

@@ -1,0 +1,127 @@
+"""One line where tracebacks were: a damaged metrics.jsonl under the report, and an export onto a
+file or from a damaged model.pt. Each names the file and what to do; a metrics file whose last
+line a kill cut short is still used up to that line.
+
+The end-to-end cases damage a copy of the report's tiny sweep (tests/conftest.py), so no sweep
+is trained here."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from experiments.load import ReportError, load, read_metrics
+from trainer.export import main as export_main
+
+from .test_report import WIDTHS, report_cli
+
+LINES = [{"step": 0, "val/loss": 5.5}, {"step": 4, "train/loss": 5.25}, {"step": 8, "val/loss": 4.75, "tokens": 512}]
+
+
+def write_lines(path: Path, tail: bytes = b"", rows=LINES) -> Path:
+    path.write_bytes(b"".join(json.dumps(r).encode() + b"\n" for r in rows) + tail)
+    return path
+
+
+def test_a_last_line_cut_by_a_kill_is_left_out_and_the_steps_before_it_are_used(tmp_path):
+    whole = read_metrics(write_lines(tmp_path / "whole.jsonl"))
+    for tail in (b'{"step": 12, "val/lo', b'{"st', b'{"step": 12, "val/loss": 4.5'):
+        cut = read_metrics(write_lines(tmp_path / "cut.jsonl", tail))
+        assert cut["step"].tolist() == [0, 4, 8]
+        pd.testing.assert_frame_equal(cut, whole)
+    assert cut["val/loss"].tolist()[::2] == [5.5, 4.75] and cut["tokens"].iloc[-1] == 512
+    # A whole last line without its newline is a step like the others.
+    assert read_metrics(write_lines(tmp_path / "nonl.jsonl", b'{"step": 12, "val/loss": 4.5}'))["step"].tolist() \
+        == [0, 4, 8, 12]
+
+
+@pytest.mark.parametrize("content, line, says", [
+    (b"\x80\x04\x95\xff\x00garbage\n\x00\x01", 1, "line 1 is not UTF-8 text"),
+    (b'{"step": 0, "val/loss": 5.5}\n{"step": 4, "val/lo\n{"step": 8, "val/loss": 4.75}\n', 2, "line 2 is not JSON"),
+    (b'{"step": 0, "val/loss": 5.5}\n[1, 2]\n', 2, "line 2 is a list"),
+    (b'{"step": 0}\n{"step": 4}\n"text"\n', 3, "line 3 is a str"),
+    (b'{"step": 0}\n{"val/loss": 4.0}\n', 2, "line 2 is an object without an integer step"),
+    (b'{"step": 0}\n{"step": "4"}\n', 2, "without an integer step"),
+    (b'{"step": 0}\n\xff\xfe\x00 not text', 2, "line 2 is not UTF-8 text"),  # garbage as the last line
+    (b'{"step": 0}\n{ cut by an editor, not by the trainer', 2, "line 2 is not JSON"),
+])
+def test_a_damaged_metrics_file_is_one_line_naming_the_file_and_the_line(tmp_path, content, line, says):
+    path = tmp_path / "metrics.jsonl"
+    path.write_bytes(content)
+    with pytest.raises(ReportError) as e:
+        read_metrics(path)
+    msg = str(e.value)
+    assert msg.startswith(f"{path}: line {line} ") and says in msg and "move it aside" in msg
+    assert "\n" not in msg
+
+
+def test_the_report_names_a_damaged_metrics_file_and_uses_one_cut_by_a_kill(tiny_sweep, tmp_path):
+    sweep = tmp_path / "rep"
+    shutil.copytree(tiny_sweep, sweep)
+    paths = [Path(p) for p in load([sweep]).complete["metrics_path"]]
+    cut, garbage = paths[0], paths[1]
+    whole = read_metrics(cut)
+    cut.write_bytes(cut.read_bytes() + b'{"step": 99999, "val/loss": 1.2')
+    pd.testing.assert_frame_equal(read_metrics(cut), whole)  # the cut line is no step of the curve
+    garbage.write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\xff\xff")
+
+    proc = report_cli("--sweep", str(sweep), "--out", str(tmp_path / "out"), "--widths", WIDTHS, "--boot", "20")
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    # The report's progress lines (on stderr too), then the error as its last and only line.
+    assert "Traceback" not in proc.stderr and proc.stderr.count("error:") == 1
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"error: {garbage}: line 1 is not UTF-8 text: the file is damaged; restore it, or move it aside to report "
+        "without this trial's curves")
+    assert not (tmp_path / "out" / "rep" / "index.html").exists()
+
+    garbage.rename(garbage.with_name("metrics.jsonl.damaged"))  # what the line says to do
+    proc = report_cli("--sweep", str(sweep), "--out", str(tmp_path / "out"), "--widths", WIDTHS, "--boot", "20")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and (tmp_path / "out" / "rep" / "index.html").stat().st_size > 0
+
+
+@pytest.fixture
+def trial(tiny_sweep, tmp_path) -> Path:
+    """A copy of one finished trial folder of the tiny sweep (model.pt, trial.json, result.json)."""
+    src = next(p.parent for p in sorted((tiny_sweep / "trials").glob("*/model.pt")))
+    return Path(shutil.copytree(src, tmp_path / src.name))
+
+
+def export_cli(capsys, *args) -> tuple[int, list[str]]:
+    rc = export_main([str(a) for a in args])
+    return rc, capsys.readouterr().err.strip().splitlines()
+
+
+def test_export_onto_a_file_is_one_line_naming_it(trial, tmp_path, capsys):
+    target = tmp_path / "model.safetensors"
+    target.write_text("keep me")
+    rc, err = export_cli(capsys, trial, target)
+    assert rc == 2 and err == [f"error: OUT_DIR={target} is invalid: {target} is a file, not a folder; give a new "
+                               "or existing folder for the Hugging Face files"]
+    rc, err = export_cli(capsys, trial, target / "hf")  # a folder below a file
+    assert rc == 2 and err == [f"error: OUT_DIR={target / 'hf'} is invalid: {target} is a file, not a folder; "
+                               "give a new or existing folder for the Hugging Face files"]
+    assert target.read_text() == "keep me"
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage", "not a checkpoint"])
+def test_export_from_a_damaged_model_pt_is_one_line_naming_it(trial, tmp_path, capsys, damage):
+    import torch
+
+    weights = trial / "model.pt"
+    if damage == "truncated":
+        weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    elif damage == "garbage":
+        weights.write_bytes(b"\x00\xff" * 100)
+    else:
+        torch.save([1, 2, 3], weights)
+    rc, err = export_cli(capsys, trial, tmp_path / "hf")
+    assert rc == 2 and len(err) == 1, err
+    assert err[0].startswith(f"error: {weights} is unreadable (")
+    assert err[0].endswith("copy it again from where it came, or move the trial's result.json aside and rerun the "
+                           "sweep's command to train the trial again")
+    assert not (tmp_path / "hf").exists()  # refused before anything is written
