@@ -158,5 +158,27 @@ def _release_reaper() -> None:
 
 
 def trial_resources(ray_cfg: dict[str, Any]) -> dict[str, float]:
-    """What each trial asks Ray for."""
+    """What each trial asks Ray for. A trial of several workers is a Tune trial that only builds
+    and waits on its TorchTrainer: the workers ask for the CPUs and GPUs (its ScalingConfig)."""
+    if int(ray_cfg.get("workers_per_trial") or 1) > 1:
+        # Tune refuses an empty request: one byte of memory stands in for "nothing".
+        return {"cpu": 0.0, "gpu": 0.0, "memory": 1.0}
     return {"cpu": float(ray_cfg.get("cpus_per_trial") or 1), "gpu": float(ray_cfg.get("gpus_per_trial") or 0)}
+
+
+def trial_slots(ray_cfg: dict[str, Any], max_concurrent: int | None) -> int | None:
+    """How many trials Tune may run at once. Trials of several workers ask Tune for nothing
+    (trial_resources), so Tune would start them all and their worker groups would wait on each
+    other: they are capped at what the connected cluster's CPUs and GPUs hold, so that trials
+    that do not fit run one after the other."""
+    workers = int(ray_cfg.get("workers_per_trial") or 1)
+    if workers == 1:
+        return max_concurrent
+    import ray
+
+    have = ray.cluster_resources()
+    cpus, gpus = float(ray_cfg.get("cpus_per_trial") or 1), float(ray_cfg.get("gpus_per_trial") or 0)
+    fits = int(have.get("CPU", 0) // (workers * cpus))
+    if gpus > 0:
+        fits = min(fits, int(have.get("GPU", 0) // (workers * gpus)))
+    return max(1, min(fits, max_concurrent or fits))

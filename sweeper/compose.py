@@ -17,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from core.errors import ConfigError, first_line
 from core.trial_dir import TrialDir
 from trainer.config import trial_config_from_dict
+from trainer.distributed import check_split
 
 from .space import SweepSpace
 from .trainable import TrialSpec
@@ -70,10 +71,13 @@ class Composer:
                 data[key] = [str(Path(p).expanduser().absolute()) for p in given]
         trial = trial_config_from_dict(container)  # validates the data settings too
         ray_cfg, wandb_cfg = container.get("ray", {}), container.get("wandb", {})
+        workers = ray_cfg.get("workers_per_trial", 1)
+        check_split(trial, workers)
         spec = TrialSpec(
             identity=trial.identity(), trial=trial, out_dir=str(TrialDir.in_sweep(self.sweep_dir, trial.identity()).path),
             params=dict(params), overrides=overrides, sweep_name=str(container.get("name", "sweep")),
             wandb=dict(wandb_cfg), threads=int(ray_cfg.get("cpus_per_trial") or 1),
+            workers=workers, gpus=float(ray_cfg.get("gpus_per_trial") or 0),
         )
         return spec, job_cfg
 

@@ -49,6 +49,9 @@ def classify(e: BaseException) -> tuple[str, str]:
         if type(cause).__module__.split(".")[0] == "wandb":  # wandb.errors.*: network, key, service
             return TRANSIENT, f"W&B failed ({type(cause).__name__}: {first_line(cause)}); check WANDB_API_KEY, " \
                               "the network or wandb.mode=offline, and rerun the command"
+        if type(cause).__name__ in ("ActorDiedError", "RayActorError", "ActorUnavailableError"):
+            # A Ray Train worker of the trial was killed: the next run resumes from the checkpoint.
+            return TRANSIENT, f"a worker of the trial died ({type(cause).__name__}: {first_line(cause)}); rerun to resume"
         if isinstance(cause, OSError | MemoryError) or type(cause).__name__ == "OutOfMemoryError":
             return TRANSIENT, f"{type(cause).__name__}: {cause}"
     return PERMANENT, f"{type(e).__name__}: {e}"

@@ -24,8 +24,16 @@ def _number(ray_cfg: dict[str, Any], key: str, default: float) -> float:
     return float(value)
 
 
+def workers(ray_cfg: dict[str, Any]) -> int:
+    """ray.workers_per_trial: the processes of one trial, each asking for the per-trial CPUs and GPUs."""
+    value = ray_cfg.get("workers_per_trial", 1)
+    require(isinstance(value, int) and not isinstance(value, bool) and value >= 1, "ray.workers_per_trial", value,
+            "must be an integer >= 1")
+    return value
+
+
 def requested(ray_cfg: dict[str, Any]) -> tuple[float, float]:
-    """(CPUs, GPUs) per trial, each checked for a shape Ray accepts."""
+    """(CPUs, GPUs) per trial (per worker of a trial of several), each checked for a shape Ray accepts."""
     cpus, gpus = _number(ray_cfg, "cpus_per_trial", 1), _number(ray_cfg, "gpus_per_trial", 0)
     require(cpus > 0, "ray.cpus_per_trial", ray_cfg.get("cpus_per_trial"), "must be > 0 (it is also the trial's torch threads)")
     # Ray shares a device between trials only as a fraction of one; above 1, whole devices.
@@ -45,6 +53,10 @@ def check_local(ray_cfg: dict[str, Any]) -> None:
     where = "ray.num_cpus" if ray_cfg.get("num_cpus") else "this machine's cores"
     require(cpus <= have_cpus, "ray.cpus_per_trial", ray_cfg.get("cpus_per_trial"),
             f"the local Ray has {have_cpus:g} CPUs ({where}), so no trial could ever start; at most {have_cpus:g}")
+    count = workers(ray_cfg)
+    require(count * cpus <= have_cpus, "ray.workers_per_trial", count,
+            f"{count} workers x ray.cpus_per_trial={cpus:g} need {count * cpus:g} CPUs and the local Ray has {have_cpus:g} CPUs "
+            f"({where}), so no trial could ever start; at most {int(have_cpus // cpus)}")
     if gpus > 0:
         have_gpus = ray_cfg.get("num_gpus")
         if have_gpus is None:
@@ -57,6 +69,9 @@ def check_local(ray_cfg: dict[str, Any]) -> None:
         require(gpus <= have_gpus, "ray.gpus_per_trial", ray_cfg.get("gpus_per_trial"),
                 f"the local Ray has {have_gpus:g} GPUs ({where}), so no trial could ever start; "
                 "use 0 for CPU trials, or a cluster with GPUs (ray.address=...)")
+        require(count * gpus <= have_gpus, "ray.workers_per_trial", count,
+                f"{count} workers x ray.gpus_per_trial={gpus:g} need {count * gpus:g} GPUs and the local Ray has {have_gpus:g} GPUs "
+                f"({where}), so no trial could ever start; at most {int(have_gpus // gpus)}")
 
 
 def check_cluster(ray_cfg: dict[str, Any]) -> None:
@@ -65,7 +80,13 @@ def check_cluster(ray_cfg: dict[str, Any]) -> None:
 
     cpus, gpus = requested(ray_cfg)
     nodes = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
-    if any(n.get("CPU", 0) >= cpus and n.get("GPU", 0) >= gpus for n in nodes):
+    count = workers(ray_cfg)
+    if any(node.get("CPU", 0) >= cpus and node.get("GPU", 0) >= gpus for node in nodes):
+        # A trial's workers may spread over nodes, each taking one worker's share where it fits.
+        room = sum(min(node.get("CPU", 0) // cpus, node.get("GPU", 0) // gpus if gpus else float("inf")) for node in nodes)
+        if room < count:
+            raise ConfigError(f"ray.workers_per_trial={count} is invalid: the cluster's nodes hold {room:g} workers of "
+                              f"{cpus:g} CPUs and {gpus:g} GPUs each, so no trial could ever start; at most {room:g}")
         return
     sizes = ", ".join(sorted({f"{n.get('CPU', 0):g} CPUs + {n.get('GPU', 0):g} GPUs" for n in nodes})) or "none alive"
     cluster = f"the Ray cluster at {ray_cfg.get('address')}" if ray_cfg.get("address") else "the local Ray"

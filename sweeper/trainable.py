@@ -43,6 +43,10 @@ class TrialSpec:
     threads: int = 1
     # Its role under hydra.sweeper.protocol (tune or confirm), recorded in the study; None without.
     role: str | None = None
+    # ray.workers_per_trial: above 1, a Ray Train run of that many workers, each with `threads`
+    # CPUs and `gpus` GPUs (ray.cpus_per_trial, ray.gpus_per_trial are then per worker).
+    workers: int = 1
+    gpus: float = 0.0
 
     def label(self) -> str:
         return " ".join(f"{k}={v}" for k, v in self.params.items()) or self.identity
@@ -57,19 +61,26 @@ class TrialSpec:
 
 
 class TuneReporter:
-    """Forwards each evaluation to Ray Tune (which drives ASHA and the searcher)."""
+    """Forwards each evaluation to Ray Tune (which drives ASHA and the searcher). Under Ray
+    Train every rank reports each evaluation through ray.train.report (a collective there);
+    TuneReportCallback hands rank 0's rows to Tune."""
 
-    def __init__(self, total_steps: int):
-        self.total_steps = total_steps
+    def __init__(self, total_steps: int, train: bool = False):
+        self.total_steps, self.train = total_steps, train
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
-        from ray import tune
-
         if "val/loss" not in metrics:
             return
         out = {k.replace("/", "_"): v for k, v in metrics.items() if isinstance(v, int | float) and _summary_key(k)}
         out.update({METRIC: metrics["val/loss"], "step": step, "done_training": False})
-        tune.report(out)
+        if self.train:
+            import ray.train
+
+            ray.train.report(out)
+        else:
+            from ray import tune
+
+            tune.report(out)
 
     def close(self) -> None:
         pass
@@ -182,10 +193,13 @@ def _train(spec: TrialSpec, out: TrialDir) -> dict[str, Any] | None:
                 print(f"running again after: {previous.get('reason')}", flush=True)
                 out.clear_failure()
             try:
-                if spec.wandb.get("mode", "auto") != "disabled":
-                    reporters.append(WandbReporter(spec))
-                done = _as_dict(run_trial(spec.trial, out.path, reporter=MultiReporter(*reporters),
-                                          log=lambda *a: print(*a, flush=True)))
+                if spec.workers > 1:
+                    done = _fit_workers(spec, out)
+                else:
+                    if spec.wandb.get("mode", "auto") != "disabled":
+                        reporters.append(WandbReporter(spec))
+                    done = _as_dict(run_trial(spec.trial, out.path, reporter=MultiReporter(*reporters),
+                                              log=lambda *a: print(*a, flush=True)))
             except Exception as e:  # recorded, not retried by Tune: the next run decides (failures.py)
                 kind, reason = classify(e)
                 trace = traceback.format_exc()
@@ -197,18 +211,77 @@ def _train(spec: TrialSpec, out: TrialDir) -> dict[str, Any] | None:
     return done
 
 
+def _fit_workers(spec: TrialSpec, out: TrialDir) -> dict[str, Any]:
+    """Train the trial as a Ray Train run of spec.workers processes (Ray Train V2's way inside a
+    Tune trial: this function trainable builds and fits a TorchTrainer); rank 0 writes the folder."""
+    from ray.train import RunConfig, ScalingConfig, WorkerGroupError
+    from ray.train.torch import TorchConfig, TorchTrainer
+    from ray.tune.integration.ray_train import TuneReportCallback
+
+    gpu = spec.gpus > 0
+    per_worker = {"CPU": float(spec.threads), **({"GPU": spec.gpus} if gpu else {})}
+    trainer = TorchTrainer(
+        _worker, train_loop_config={"spec": spec},
+        scaling_config=ScalingConfig(num_workers=spec.workers, use_gpu=gpu, resources_per_worker=per_worker),
+        torch_config=TorchConfig(backend="nccl" if gpu else "gloo"),
+        # Ray Train's own records beside Tune's (sweep_dir/ray), out of the trial folder.
+        run_config=RunConfig(name=f"train-{spec.identity}", storage_path=str(Path(spec.out_dir).parents[1] / "ray"),
+                             callbacks=[TuneReportCallback()]),
+    )
+    try:
+        trainer.fit()
+    except WorkerGroupError as e:  # the first failed rank's own error, for failures.classify
+        first = e.worker_failures[min(e.worker_failures)]
+        raise getattr(first, "cause", None) or first from e
+    done = out.read_result()
+    if done is None:
+        raise RuntimeError(f"the {spec.workers} workers of trial {spec.identity} ended without writing {out.result_json}")
+    return done
+
+
+def _worker(config: dict[str, Any]) -> None:
+    """One rank of a Ray Train trial: its output lands in trial.log, each line prefixed by its rank."""
+    import ray.train
+    import ray.train.torch
+    import torch
+
+    from trainer.distributed import Parallel
+    from trainer.loop import run_trial
+    from trainer.reporting import MultiReporter
+
+    spec: TrialSpec = config["spec"]
+    rank, out = ray.train.get_context().get_world_rank(), TrialDir(spec.out_dir)
+    torch.set_num_threads(max(1, spec.threads))
+    device = ray.train.torch.get_device() if spec.gpus > 0 else torch.device("cpu")
+    def log(*parts) -> None:  # not print: Ray Train patches it to log each line a second time
+        sys.stdout.write(" ".join(map(str, parts)) + "\n")
+        sys.stdout.flush()
+
+    with output_to(out.log, prefix=f"[rank {rank}] "):
+        log(f"rank {rank}/{spec.workers} of trial {spec.identity}, pid {os.getpid()} on {socket.gethostname()}, "
+            f"{spec.trial.train.parallel} on {device}")
+        reporters = [TuneReporter(spec.trial.train.total_steps, train=True)]
+        if rank == 0 and spec.wandb.get("mode", "auto") != "disabled":
+            reporters.append(WandbReporter(spec))
+        run_trial(spec.trial, out.path, reporter=MultiReporter(*reporters), log=log,
+                  dist=Parallel(spec.trial.train.parallel, device))
+
+
 @contextlib.contextmanager
-def output_to(path: Path):
+def output_to(path: Path, prefix: str = ""):
     """Send this process's stdout and stderr (file descriptors 1 and 2, so warnings from C
     extensions too) to path while the trial runs: a user finds a trial's output in its folder,
-    not in Ray's session logs. Appends, so a retried trial keeps its first attempt's output."""
+    not in Ray's session logs. Appends, so a retried trial keeps its first attempt's output.
+    With a prefix (a Ray Train worker's rank), each line goes through a pipe that adds it."""
     sys.stdout.flush()
     sys.stderr.flush()
     saved = os.dup(1), os.dup(2)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "ab") as f:
-        os.dup2(f.fileno(), 1)
-        os.dup2(f.fileno(), 2)
+        pipe = _prefixed(f, prefix) if prefix else None
+        target = pipe[0] if pipe else f.fileno()
+        os.dup2(target, 1)
+        os.dup2(target, 2)
         try:
             yield
         finally:
@@ -218,6 +291,28 @@ def output_to(path: Path):
             os.dup2(saved[1], 2)
             os.close(saved[0])
             os.close(saved[1])
+            if pipe:
+                os.close(pipe[0])  # the last writer: the reader sees EOF, writes what is left
+                pipe[1].join(timeout=10)
+
+
+def _prefixed(f, prefix: str):
+    """(a pipe's write end, the thread that copies its lines to f with prefix before each).
+    Each line is one write to a file opened for appending, so ranks' lines do not interleave."""
+    import threading
+
+    read_fd, write_fd = os.pipe()
+    head = prefix.encode()
+
+    def copy() -> None:
+        with os.fdopen(read_fd, "rb") as r:
+            for line in r:
+                f.write(head + line)
+                f.flush()
+
+    thread = threading.Thread(target=copy, daemon=True, name="rank-output")
+    thread.start()
+    return write_fd, thread
 
 
 def _record_placement(out: TrialDir) -> None:

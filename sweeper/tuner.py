@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import stop
-from .cluster import trial_resources
+from .cluster import trial_resources, trial_slots
 from .config import SmallinitSweeperConf
 from .plan import SweepPlan
 
@@ -68,7 +68,8 @@ def run_trials(conf: SmallinitSweeperConf, ray_cfg: dict[str, Any], plan: SweepP
     tuner = tune.Tuner(
         tune.with_resources(run_spec, trial_resources(ray_cfg)),
         tune_config=tune.TuneConfig(metric=METRIC, mode="min", search_alg=searcher, scheduler=_scheduler(conf, plan),
-                                    num_samples=len(plan.pending) + plan.n_new, max_concurrent_trials=conf.max_concurrent,
+                                    num_samples=len(plan.pending) + plan.n_new,
+                                    max_concurrent_trials=trial_slots(ray_cfg, conf.max_concurrent),
                                     reuse_actors=conf.reuse_workers,
                                     trial_name_creator=_trial_name, trial_dirname_creator=_trial_name),
         run_config=tune.RunConfig(name="tune", storage_path=str(plan.sweep_dir / "ray"), callbacks=callbacks, verbose=0,

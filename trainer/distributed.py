@@ -67,6 +67,10 @@ class Parallel:
         if not dist.is_initialized():
             raise RuntimeError("Parallel needs an initialised torch.distributed process group (Ray Train's TorchTrainer)")
         self.kind, self.device = kind, device
+        if device.type == "cuda":  # FSDP2's mesh and nccl's streams use the current device
+            import torch
+
+            torch.cuda.set_device(device)
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.is_main = self.rank == 0
         self._whole: torch.nn.Module | None = None  # rank 0's unsharded copy, under fsdp
@@ -138,7 +142,11 @@ class Parallel:
     def load(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict | None) -> dict | None:
         """Rank 0 read the checkpoint (state); every rank gets its tensors (broadcast from rank 0)
         and its scalars. Returns the state as Single.load does (scalars only off rank 0)."""
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_model_state_dict,
+            set_optimizer_state_dict,
+        )
 
         scalars = self.share(None if state is None else {k: v for k, v in state.items() if k not in ("model", "optimizer")})
         if scalars is None:
@@ -146,8 +154,11 @@ class Parallel:
         names = _param_names(model, optimizer)
         msd = state["model"] if self.is_main else {}
         osd = _by_name(state["optimizer"], names) if self.is_main else {}
-        set_state_dict(model, optimizer, model_state_dict=msd, optim_state_dict=osd,
-                       options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+        # Two calls, not set_state_dict: that one takes an empty model state (off rank 0) to
+        # mean "optimizer only" and skips the model's broadcast there, leaving rank 0 waiting.
+        options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+        set_model_state_dict(model, msd, options=options)
+        set_optimizer_state_dict(model, optimizer, osd, options=options)
         return state if self.is_main else scalars
 
 
