@@ -36,9 +36,11 @@ def _training_steps(side: str) -> dict:
 def test_training_steps_reuse_freed_memory_instead_of_faulting_it_in_again():
     default, kept = _training_steps("default"), _training_steps("retain")
     # glibc's defaults hand the step's large tensors (logits and their gradients) back to the
-    # kernel when freed, so every step faults them in again: ~36k pages per step measured.
+    # kernel when freed, so every step faults them in again: ~36k pages per step measured on a
+    # Zen 4 machine (2.6k kept), ~48k on an AVX2 one (10.5-11k kept). A setting that did nothing
+    # would keep the two equal; a third is below every machine measured.
     assert default["faults_per_step"] > 10_000
-    assert kept["faults_per_step"] < default["faults_per_step"] / 5
+    assert kept["faults_per_step"] < default["faults_per_step"] / 3
     assert kept["peak_rss_mb"] < 1.5 * default["peak_rss_mb"]
 
 
