@@ -131,6 +131,19 @@ def stop_ray() -> None:
     _release_reaper()
 
 
+def local_ray_lost() -> bool:
+    """Whether a process of the local Ray this driver started has ended: a stop signal reached
+    Ray's own processes too (a kill of the whole process group or cgroup, as Slurm and systemd
+    send). Their log monitor and dashboard exit at once (measured on Ray 2.60); the raylet ~10 s
+    later, and Tune's stop then waits on it. False on a cluster this driver only joined, or when
+    Ray's internals moved."""
+    try:
+        heads = ray_internals.local_head_processes()
+    except ray_internals.RayInternalsMoved:
+        return False
+    return any(p.poll() is not None for processes in heads.values() for p in processes)
+
+
 def _start_reaper() -> None:
     """Tag this process's environment (Ray's processes inherit it) and start reaper.py,
     which stops every tagged process once this driver is gone."""

@@ -77,9 +77,9 @@ def _run(conf: SmallinitSweeperConf, loader, base: DictConfig, arguments: list[s
     check_trials([spec.trial for spec in checked])  # every corpus read and checked before the first write
     if ray_cfg.get("address"):
         check_reachable(ray_cfg["address"])
-    hold_driver_lock(sweep_dir)  # one driver per folder, from its first write to its exit
+    lock = hold_driver_lock(sweep_dir)  # one driver per folder, from its first write to its exit
     name = str(base.get("name", "sweep"))
-    trials = _Trials(conf, ray_cfg)
+    trials = _Trials(conf, ray_cfg, lock)
     try:
         if conf.protocol.enabled:
             study = _run_protocol(conf, composer, name, trials)
@@ -92,7 +92,7 @@ def _run(conf: SmallinitSweeperConf, loader, base: DictConfig, arguments: list[s
         trials.close()
     df = write_results(sweep_dir, study)
     if stop.received() is not None:
-        print(f"stopped by {stop.signal_name()}; rerun the same command to resume", file=sys.stderr)
+        print(stop.resume_line(), file=sys.stderr)
     elif trials.aborted:
         sys.exit(f"error: {trials.aborted}")
     elif trials.failed:
@@ -106,8 +106,8 @@ class _Trials:
     """Runs plans on Ray, started (or connected to) when the first plan has work: a rerun of
     a finished sweep needs no cluster. Sums the outcomes of every plan it ran."""
 
-    def __init__(self, conf: SmallinitSweeperConf, ray_cfg: dict[str, Any]):
-        self.conf, self.ray_cfg = conf, ray_cfg
+    def __init__(self, conf: SmallinitSweeperConf, ray_cfg: dict[str, Any], lock):
+        self.conf, self.ray_cfg, self.lock = conf, ray_cfg, lock
         self.connected, self.started = False, False
         self.aborted: str | None = None
         self.failed = self.ended = 0
@@ -122,10 +122,18 @@ class _Trials:
             stop.install()  # ray.init set its own SIGTERM handler
             resources.check_cluster(self.ray_cfg)
             ready.result()
-        outcome = run_trials(self.conf, self.ray_cfg, plan)
+        outcome = run_trials(self.conf, self.ray_cfg, plan, lambda: self._record_without_ray(plan))
         self.aborted = self.aborted or outcome.aborted
         self.failed += outcome.failed
         self.ended += outcome.ended
+
+    def _record_without_ray(self, plan) -> None:
+        """What the driver's end does, for a stop signal that also ended Ray (stop.py)."""
+        from .results import write_results
+
+        write_results(plan.sweep_dir, plan.study)
+        print(stop.resume_line(), file=sys.stderr)
+        self.lock.release()
 
     @property
     def go_on(self) -> bool:

@@ -77,14 +77,22 @@ def listen_on_loopback_only() -> None:
 def local_monitor_processes() -> list:
     """The autoscaler monitor processes (Popen) of the Ray head this process started;
     empty when it only connected to a cluster."""
+    from ray._private import ray_constants
+
+    return local_head_processes().get(ray_constants.PROCESS_TYPE_MONITOR, [])
+
+
+def local_head_processes() -> dict[str, list]:
+    """Process type -> the processes (Popen) of that type of the Ray head this process started
+    (GCS, raylet, monitor, log monitor, dashboard); empty when it only connected to a cluster."""
     check()
-    from ray._private import ray_constants, worker
+    from ray._private import worker
 
     # Read at call time: ray.init() rebinds the module global.
     node = worker._global_node
     if node is None or not node.is_head():
-        return []
-    return [info.process for info in node.all_processes.get(ray_constants.PROCESS_TYPE_MONITOR, [])]
+        return {}
+    return {kind: [info.process for info in infos] for kind, infos in node.all_processes.items()}
 
 
 def auto_address() -> str:

@@ -47,8 +47,15 @@ class StudySearcher(Searcher):
         if self.queue:
             item = self.queue.pop(0)
             spec = item.spec
-            trial = item.existing or self.study.create_running(spec.params, self.fixed_distributions)
-        elif self.n_new > 0:
+            named = self._names(spec)
+            if item.existing is None:
+                trial = self.study.create_running(spec.params, self.fixed_distributions, **named)
+            else:
+                trial = item.existing
+                self.study.set_attrs(trial, **named)
+            self.live[trial_id] = (trial, spec)
+            return spec.tune_config(trial.number)
+        if self.n_new > 0:
             self.n_new -= 1
             trial = self.study.ask(self.space.distributions())
             try:
@@ -59,10 +66,18 @@ class StudySearcher(Searcher):
                 return self.suggest(trial_id)
         else:
             return Searcher.FINISHED
-        role = {"role": spec.role} if spec.role else {}
-        self.study.set_attrs(trial, identity=spec.identity, trial_dir=spec.out_dir, **role)
+        # Optuna's ask writes the trial before its attributes: a driver killed in between leaves
+        # one unnamed RUNNING trial, which no rerun counts (Study.by_identity) and the
+        # sampler reads as a point in flight.
+        self.study.set_attrs(trial, **self._names(spec))
         self.live[trial_id] = (trial, spec)
         return spec.tune_config(trial.number)
+
+    @staticmethod
+    def _names(spec: TrialSpec) -> dict[str, Any]:
+        """The attributes that tie a study trial to its point and folder."""
+        role = {"role": spec.role} if spec.role else {}
+        return {"identity": spec.identity, "trial_dir": spec.out_dir, **role}
 
     def on_trial_result(self, trial_id: str, result: dict) -> None:
         if trial_id in self.live and result.get(METRIC) is not None and "step" in result:

@@ -13,6 +13,13 @@ unwinds the driver mid-step without writing the results table. So both signals c
 inside Tune's loop they are handed to Tune's own stop (its SIGUSR1 handler, which it always
 installs), anywhere else they unwind the driver as a KeyboardInterrupt; a second signal
 stops at once. Signal handlers are process-wide, hence the module-level state.
+
+A scheduler often signals every process of the job (Slurm's scancel and systemd signal the
+whole cgroup; a shell's `kill -- -PGID` the process group): Ray's own processes then exit
+too, and Tune's stop waits on them until Ray's core worker gives up and exits 1 (60 s). So
+while Tune stops, a watcher polls the local Ray's processes; once one is gone, the sweep is
+recorded from the study and the trial folders (which need no Ray) and the driver exits with
+the signal's status. The reaper (reaper.py) then stops whatever Ray processes are left.
 """
 
 from __future__ import annotations
@@ -23,9 +30,14 @@ import os
 import signal
 import sys
 import threading
+import time
+from collections.abc import Callable
 
 _received: int | None = None
 _in_tune = False
+# While Tune runs: how to record the sweep without Ray, and how to tell Ray is gone.
+_without_ray: tuple[Callable[[], None], Callable[[], bool]] | None = None
+POLL_S = 0.2
 
 # Tune's log lines about its own stop: replaced by ours (the resume is a rerun, and the trials
 # it lists as incomplete, or has no metrics for, appear in the closing summary as INTERRUPTED).
@@ -66,20 +78,26 @@ def signal_name() -> str:
     return signal.Signals(_received).name if _received is not None else "an interrupt"
 
 
+def resume_line() -> str:
+    return f"stopped by {signal_name()}; rerun the same command to resume"
+
+
 def exit_status(status: int) -> int:
     """The status to exit with: 128 + the signal after a stop signal, else `status`."""
     return 128 + _received if _received is not None else status
 
 
 @contextlib.contextmanager
-def tune_takes_stops():
-    """While Tune's loop runs, a stop signal asks Tune to stop cleanly instead of unwinding."""
-    global _in_tune
-    _in_tune = True
+def tune_takes_stops(record: Callable[[], None] | None = None, ray_lost: Callable[[], bool] | None = None):
+    """While Tune's loop runs, a stop signal asks Tune to stop cleanly instead of unwinding;
+    if the signal stopped Ray too (ray_lost() turns true), record() writes the sweep's results
+    and the driver exits at once."""
+    global _in_tune, _without_ray
+    _in_tune, _without_ray = True, (record, ray_lost) if record and ray_lost else None
     try:
         yield
     finally:
-        _in_tune = False
+        _in_tune, _without_ray = False, None
 
 
 def _on_signal(signum: int, frame) -> None:
@@ -92,5 +110,22 @@ def _on_signal(signum: int, frame) -> None:
         print(f"\nstopping on {signal.Signals(signum).name}: ending the running trials; rerun the same command "
               "to resume them (send it again to stop at once)", file=sys.stderr, flush=True)
         tune_stop(signal.SIGUSR1, frame)
+        if _without_ray is not None:
+            threading.Thread(target=_finish_if_ray_is_lost, args=_without_ray, daemon=True).start()
         return
     raise KeyboardInterrupt
+
+
+def _finish_if_ray_is_lost(record: Callable[[], None], ray_lost: Callable[[], bool]) -> None:
+    """Until Tune's loop ends: once Ray is gone, record the sweep and exit with the signal's status."""
+    while _in_tune:
+        if ray_lost():
+            print(f"Ray's own processes got the {signal_name()} too: recording the sweep without them",
+                  file=sys.stderr, flush=True)
+            try:
+                record()
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(exit_status(1))  # the main thread waits on the dead Ray; exit hooks ran in record()
+        time.sleep(POLL_S)

@@ -219,14 +219,19 @@ class Study:
                     f"{type(old).__name__}, this grid needs {type(dist).__name__}; use a new name=...")
         return out
 
-    def create_running(self, params: dict[str, Any], distributions: dict[str, BaseDistribution]) -> FrozenTrial:
-        """A RUNNING trial with fixed params (grid points, reruns). Created directly in the
-        storage, not enqueued, so a concurrent sweep on the same study cannot take it."""
+    def create_running(self, params: dict[str, Any], distributions: dict[str, BaseDistribution],
+                       **attrs: Any) -> FrozenTrial:
+        """A RUNNING trial with fixed params (grid points, reruns) and its attributes (identity,
+        trial_dir) in one write: a driver killed between two writes would leave a trial that no
+        rerun can match to its point, and the study would hold that point twice. Created directly
+        in the storage, not enqueued, so a concurrent sweep on the same study cannot take it."""
+        if TRIAL_DIR in attrs:
+            attrs[TRIAL_DIR] = self.stored_path(attrs[TRIAL_DIR])
         template = optuna.trial.create_trial(
-            state=TrialState.RUNNING, params=params, distributions={k: distributions[k] for k in params}
+            state=TrialState.RUNNING, params=params, distributions={k: distributions[k] for k in params},
+            user_attrs={**attrs, SAMPLED: False},
         )
         trial_id = self.storage.create_new_trial(self.study._study_id, template_trial=template)
-        self.storage.set_trial_user_attr(trial_id, SAMPLED, False)
         return self.storage.get_trial(trial_id)
 
     def ask(self, distributions: dict[str, BaseDistribution]) -> FrozenTrial:

@@ -4,11 +4,12 @@ which trial runs next, ASHA may stop it early, ProgressTable draws the terminal.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from . import stop
-from .cluster import trial_resources, trial_slots
+from .cluster import local_ray_lost, trial_resources, trial_slots
 from .config import SmallinitSweeperConf
 from .plan import SweepPlan
 
@@ -31,8 +32,10 @@ class TuneOutcome:
     ended: int  # trials of this run that ended (COMPLETE, PRUNED or FAIL)
 
 
-def run_trials(conf: SmallinitSweeperConf, ray_cfg: dict[str, Any], plan: SweepPlan) -> TuneOutcome:
-    """Run the plan's trials on the connected Ray."""
+def run_trials(conf: SmallinitSweeperConf, ray_cfg: dict[str, Any], plan: SweepPlan,
+               record_without_ray: Callable[[], None]) -> TuneOutcome:
+    """Run the plan's trials on the connected Ray; record_without_ray() ends the sweep should a
+    stop signal end Ray's own processes too (stop.py)."""
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # our ProgressTable is the display
     # A failed trial's last report has no val_loss; it is still a result we want recorded.
     os.environ.setdefault("TUNE_DISABLE_STRICT_METRIC_CHECKING", "1")
@@ -76,7 +79,7 @@ def run_trials(conf: SmallinitSweeperConf, ray_cfg: dict[str, Any], plan: SweepP
                                   stop=AbortStopper(), failure_config=tune.FailureConfig(max_failures=conf.max_retries)),
     )
     try:
-        with stop.tune_takes_stops():
+        with stop.tune_takes_stops(record_without_ray, local_ray_lost):
             tuner.fit()
     finally:
         progress.close()

@@ -62,13 +62,13 @@ def test_a_study_reads_relative_paths_and_the_absolute_ones_older_studies_wrote(
         TrialDir.in_sweep(sweep_dir, ident).path.mkdir(parents=True)
     study = Study(optuna.storages.RDBStorage(f"sqlite:///{sweep_dir / 'optuna.db'}"), "s", optuna.samplers.RandomSampler())
     dists = {"init.gamma": FloatDistribution(0.5, 1.0)}
-    for ident, folder in (("new", sweep_dir / "trials" / "new"), ("old", None)):
-        t = study.create_running({"init.gamma": 0.5}, dists)
-        study.set_attrs(t, identity=ident)
-        if folder is not None:
-            study.set_attrs(t, trial_dir=str(folder))
-        else:  # written before paths were relative, on the machine the folder came from
-            study.storage.set_trial_user_attr(t._trial_id, "trial_dir", str(old_place / "trials" / "old"))
+    # A grid point is created with its attributes in one write (a kill between two would leave
+    # a trial no rerun can match), its folder stored relative like set_attrs stores it.
+    study.create_running({"init.gamma": 0.5}, dists, identity="new", trial_dir=str(sweep_dir / "trials" / "new"))
+    t = study.create_running({"init.gamma": 0.5}, dists, identity="old")
+    # written before paths were relative, on the machine the folder came from
+    study.storage.set_trial_user_attr(t._trial_id, "trial_dir", str(old_place / "trials" / "old"))
+    assert {t.user_attrs["sampled"] for t in study.study.get_trials()} == {False}
     assert study.ask(dists).user_attrs["sampled"] is True  # chosen by the sampler, unlike the two above
     raw = {t.user_attrs["identity"]: t.user_attrs["trial_dir"] for t in study.study.get_trials() if "identity" in t.user_attrs}
     assert raw == {"new": "trials/new", "old": str(old_place / "trials" / "old")}
