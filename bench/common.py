@@ -48,7 +48,7 @@ class Settings:
     cpu_steps: int = 10
     cpu_peak_n: int = 2048
     # cpu_mfu_by_width: the scaling_law record's widths, bare-loop steps timed per width.
-    cpu_widths: tuple[int, ...] = (128, 256, 384)
+    cpu_widths: tuple[int, ...] = (64, 96, 128, 192)
     cpu_width_steps: int = 3
     compile_cold: bool = True  # cpu_compile also times a compile into an empty inductor cache
     gpu_presets: tuple[str, ...] = ("0.1b", "0.5b", "1.5b")

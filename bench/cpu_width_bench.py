@@ -1,5 +1,5 @@
 """cpu_mfu_by_width: training throughput and CPU MFU of the scaling_law record's model shape
-(conf/experiment/scaling_law.yaml: micro, 4 layers, heads of 64, batch 8 x seq 128) at each of
+(conf/experiment/scaling_law.yaml: micro, 4 layers, heads of 32, batch 8 x seq 128) at each of
 its widths, since that sets the record's cost.
 
 MFU = model FLOPs/s (PaLM's count, trainer.loop.flops_per_token: 6 x the matmul parameters,

@@ -99,7 +99,7 @@ def test_cpu_mfu_by_width_is_the_scaling_law_shape_with_a_paired_ratio_per_width
     assert list(e["widths"]) == [str(d) for d in TINY.cpu_widths]
     assert e["dtype"] in ("fp32", "bf16") and e["dtype_reason"] and (e["note"] is None) == (e["dtype"] == "bf16")
     for d, w in e["widths"].items():
-        assert w["n_heads"] == int(d) // 64  # heads of 64, as conf/experiment/scaling_law.yaml sets
+        assert w["n_heads"] == int(d) // 32  # heads of 32, as conf/experiment/scaling_law.yaml sets
         assert len(w["runs"]) == e["repeats"] and all(_positive(r["matmul_gflops"]) for r in w["runs"])
         for r in w["runs"]:  # each repeat's MFU is its own throughput over the peak timed beside it
             assert r["mfu"] == pytest.approx(r["tokens_per_s"] * w["flops_per_token"] / (r["matmul_gflops"] * 1e9))
