@@ -1,20 +1,24 @@
 """The Ray cluster a sweep runs on: check ray.address is reachable, connect or start a local
 Ray, and stop what this sweep started.
 
-A local cluster (ray.address unset) serves this driver alone: it listens on 127.0.0.1 only,
-and its processes end within seconds of the driver, however the driver ends (reaper.py)."""
+A local cluster (ray.address unset) serves this driver alone: it listens on 127.0.0.1 only
+(ray.listen=loopback; where Ray's internals no longer allow that, it does not start, unless
+ray.listen=all), and its processes end within seconds of the driver, however the driver ends
+(reaper.py)."""
 
 from __future__ import annotations
 
+import glob
 import logging
 import os
+import re
 import subprocess
 import sys
 import uuid
 from pathlib import Path
 from typing import Any
 
-from core.errors import ConfigError, first_line
+from core.errors import ConfigError, first_line, require
 from trainer.host_memory import worker_env
 
 from . import ray_internals
@@ -25,6 +29,13 @@ log = logging.getLogger("smallinit.sweep")
 # driver: reaper.py finds the processes to stop by it, and none of anyone else's.
 OWNER_VAR = "SMALLINIT_RAY_OWNER"
 _reaper: subprocess.Popen | None = None
+
+# ray.listen: where a local Ray listens. loopback = 127.0.0.1 only; all = Ray's own default
+# (the node's address, reachable from other machines).
+LISTEN = ("loopback", "all")
+# The longest path of an AF_UNIX socket: sun_path less its NUL (Ray checks the same bound,
+# ray._private.utils.validate_socket_filepath).
+SOCKET_PATH_MAX = 103 if sys.platform == "darwin" else 107
 
 
 def check_reachable(address: str) -> None:
@@ -82,30 +93,116 @@ def connect_ray(ray_cfg: dict[str, Any]) -> bool:
     os.environ["RAY_CHDIR_TO_TRIAL_DIR"] = "0"
     kwargs = {"include_dashboard": False, "logging_level": logging.WARNING, "log_to_driver": False,
               "runtime_env": {"env_vars": {"RAY_CHDIR_TO_TRIAL_DIR": "0", **allocator_env(ray_cfg)}}}
+    if not address:
+        _start_local(ray_cfg, kwargs)
+        return True
     try:
-        if address:
-            ray.init(address=address, **kwargs)
-        else:
-            _start_reaper()
-            try:
-                ray_internals.listen_on_loopback_only()
-            except ray_internals.RayInternalsMoved as e:
-                log.warning("%s; the local Ray listens on every interface", e)
-            # "local": a new Ray for this driver, even where RAY_ADDRESS or a `ray start --head`
-            # on this machine would make ray.init() join that cluster instead.
-            ray.init(address="local", num_cpus=ray_cfg.get("num_cpus"), num_gpus=ray_cfg.get("num_gpus"), **kwargs)
+        ray.init(address=address, **kwargs)
     except Exception as e:
-        _release_reaper()
         raise ConfigError(f"ray.address={address!r} is invalid: could not connect ({first_line(e)}); "
                           f"{_connect_hint(address)}") from None
     return True
 
 
-def _connect_hint(address: str | None) -> str:
+def check_local_start(ray_cfg: dict[str, Any]) -> None:
+    """What would keep this driver from starting its local Ray as promised, found before
+    anything is written: ray.listen, a Ray whose loopback-only setting is not vouched for, and
+    Ray's socket paths under its temp folder."""
+    if listen_setting(ray_cfg) == "loopback":
+        try:
+            ray_internals.check_version()  # its names, which need `import ray`, when it starts
+        except ray_internals.RayInternalsMoved as e:
+            raise ConfigError(_loopback_refused(e)) from None
+    var, base = ray_temp_base()
+    # A head's sockets are <base>/ray/session_<date to the microsecond>_<pid>/sockets/<name>, named
+    # in the process that calls ray.init (ray/_private/node.py): this one. plasma_store is the longest.
+    session = f"session_0000-00-00_00-00-00_000000_{os.getpid()}"
+    longest = len(os.path.join(base, "ray", session, "sockets", "plasma_store").encode())
+    if longest > SOCKET_PATH_MAX:
+        size = len(base.encode())
+        raise ConfigError(
+            f"{_named(var, base)} is invalid: it is {size} bytes, which makes Ray's socket paths "
+            f"{longest} bytes where a Unix socket path holds at most {SOCKET_PATH_MAX}; set RAY_TMPDIR to a folder "
+            f"of at most {size - longest + SOCKET_PATH_MAX} bytes (e.g. /tmp)")
+
+
+def listen_setting(ray_cfg: dict[str, Any]) -> str:
+    """ray.listen, checked: where a local Ray listens (LISTEN)."""
+    listen = ray_cfg.get("listen", "loopback")
+    require(listen in LISTEN, "ray.listen", listen, f"one of {list(LISTEN)}")
+    return listen
+
+
+def ray_temp_base() -> tuple[str, str]:
+    """(the variable that names it or "", the folder) under which a local Ray puts ray/, as Ray
+    picks it (ray._common.utils.get_default_system_temp_dir): RAY_TMPDIR, TMPDIR on Linux, /tmp."""
+    for var in ("RAY_TMPDIR", "TMPDIR"):
+        if var in os.environ and (var == "RAY_TMPDIR" or sys.platform.startswith("linux")):
+            return var, os.environ[var]
+    return "", "/tmp"
+
+
+def _named(var: str, base: str) -> str:
+    return f"{var}={base!r}" if var else f"Ray's temp folder {base!r}"
+
+
+def _loopback_refused(e: ray_internals.RayInternalsMoved) -> str:
+    return (f"ray.listen='loopback' cannot be applied, so the local Ray was not started: {e}; set ray.listen=all "
+            "to start it listening on every interface of this machine, or run on a cluster (ray.address=...)")
+
+
+def _start_local(ray_cfg: dict[str, Any], kwargs: dict[str, Any]) -> None:
+    """Start this driver's own Ray, on 127.0.0.1 only unless ray.listen=all; ConfigError in
+    one line, with Ray's reason, if it does not start."""
+    import ray
+
+    check_local_start(ray_cfg)
+    if listen_setting(ray_cfg) == "loopback":
+        try:
+            ray_internals.listen_on_loopback_only()
+        except ray_internals.RayInternalsMoved as e:
+            raise ConfigError(_loopback_refused(e)) from None
+    _start_reaper()
+    try:
+        # "local": a new Ray for this driver, even where RAY_ADDRESS or a `ray start --head`
+        # on this machine would make ray.init() join that cluster instead.
+        ray.init(address="local", num_cpus=ray_cfg.get("num_cpus"), num_gpus=ray_cfg.get("num_gpus"), **kwargs)
+    except Exception as e:
+        _release_reaper()  # it stops whatever of this Ray did start
+        raise ConfigError(start_failure(e)) from None
+
+
+# A line Ray's processes logged (glog: "[date time level pid tid] (process) file.cc:line: text"),
+# of level E(rror) or C(heck failed), which Ray quotes after the first line of its exception.
+_LOGGED = re.compile(r"^\[[^\]]* [EC] \d+ \d+\]\s+(?:\(\w+\)\s+)?\S+:\d+:\s*(.*)$")
+
+
+def start_failure(e: BaseException) -> str:
+    """One line for a local Ray that did not start: Ray's reason (the last error its processes
+    logged, where it quotes one), where its logs are, and what to do."""
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()] or [type(e).__name__]
+    logged = [m.group(1) for line in lines[1:] if (m := _LOGGED.match(line))]
+    reason = lines[0]
+    if logged:  # "Failed to start GCS.  Last 1 lines of error files:" then the lines
+        said = logged[-1].split("Check failed:", 1)[-1].strip()
+        sentences = re.split(r"(?<=\.) ", said)  # Ray's lines run on with advice of its own
+        reason = f"{lines[0].split('.')[0]}: {' '.join(sentences[:2])}"
+    var, base = ray_temp_base()
+    sessions = sorted(glob.glob(os.path.join(glob.escape(base), "ray", f"session_*_{os.getpid()}", "logs")))
+    if sessions:
+        advice = f"Ray's logs are in {sessions[-1]}"
+    elif isinstance(e, OSError):
+        advice = f"{_named(var, base)} must be a folder this user can write, with free space"
+    else:
+        advice = "rerun, or run on a cluster with ray.address=auto"
+    return f"the local Ray (ray.address=null) did not start: {reason}; {advice}"
+
+
+def _connect_hint(address: str) -> str:
     """What to try after a failed connect. Ray 2.60 clusters use token authentication where
     ~/.ray/auth_token exists, but a driver given an explicit address turns it on only with
     RAY_AUTH_MODE=token, and then fails after 24 s of retries with no word of tokens."""
-    if address and address != "auto" and os.environ.get("RAY_AUTH_MODE", "").lower() != "token":
+    if address != "auto" and os.environ.get("RAY_AUTH_MODE", "").lower() != "token":
         return ("if the cluster uses token authentication, set RAY_AUTH_MODE=token here and the cluster's "
                 "token in ~/.ray/auth_token or RAY_AUTH_TOKEN")
     return "start one with `ray start --head`, or leave ray.address=null for a local Ray"

@@ -1,17 +1,26 @@
 """Every Ray internal the sweeper relies on, in one place, checked against the installed Ray.
 
-Ray gives no public way to do these, and each is only a speed-up or a fast error: if Ray
-moves one, the sweep still works (the slow way), `check()` says so in one line, and
-tests/test_ray_internals.py fails on the upgrade.
+Ray gives no public way to do these. Most are a speed-up or a fast error: if Ray moves one,
+the sweep still works (the slow way) and `check()` says so in one line. One is a safety
+property: a local Ray kept to 127.0.0.1. Where that cannot be applied the local Ray is not
+started at all (sweeper/cluster.py), unless ray.listen=all says it may listen on every interface.
+A Ray outside SUPPORTED counts as moved: names that still resolve may no longer do what they did.
+tests/test_ray_internals.py fails on the upgrade, and holds SUPPORTED equal to pyproject.toml's range.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import os
+
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
 
 # The Ray these internals were read from (ray/_private/worker.py, node.py, services.py, ray_constants.py).
 CHECKED_AGAINST = "2.60.0"
+# The Rays they are vouched for: pyproject.toml's ray[tune] range, exactly.
+SUPPORTED = ">=2.60,<2.61"
 
 # Each dotted name this module uses; check() and the test resolve every one. Node's
 # all_processes is set in __init__, so only a live node shows it: the test starts one.
@@ -45,16 +54,29 @@ def resolve(dotted: str):
     raise ImportError(f"no module named {parts[0]!r}")
 
 
-def check() -> None:
-    """RayInternalsMoved, in one line, if any internal is gone from the installed Ray."""
-    import ray
+def installed_version() -> str:
+    """The installed Ray's version, read from its metadata: no `import ray` (~1 s)."""
+    return importlib.metadata.version("ray")
 
+
+def check_version() -> None:
+    """RayInternalsMoved, in one line, if the installed Ray is outside SUPPORTED."""
+    installed = installed_version()
+    if Version(installed) not in SpecifierSet(SUPPORTED):
+        raise RayInternalsMoved(f"ray {installed} is installed and sweeper/ray_internals.py is checked "
+                                f"against ray{SUPPORTED} only (pip install 'ray[tune]{SUPPORTED}')")
+
+
+def check() -> None:
+    """RayInternalsMoved, in one line, if the installed Ray is outside SUPPORTED or any
+    internal is gone from it."""
+    check_version()
     for dotted in INTERNALS:
         try:
             resolve(dotted)
         except (ImportError, AttributeError):
             raise RayInternalsMoved(
-                f"ray {ray.__version__} has no {dotted} (sweeper/ray_internals.py was checked "
+                f"ray {installed_version()} has no {dotted} (sweeper/ray_internals.py was checked "
                 f"against ray {CHECKED_AGAINST}): update it for this Ray"
             ) from None
 
@@ -66,7 +88,8 @@ def listen_on_loopback_only() -> None:
     and to 127.0.0.1 only when that IP is the loopback, which it is where "clusters" are off
     (RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0, the default on macOS and Windows;
     ray._private.services.get_node_ip_address). The variable is read when ray_constants is
-    imported: set for the processes Ray starts, and on the module, which may be imported already."""
+    imported: set for the processes Ray starts, and on the module, which may be imported already.
+    RayInternalsMoved, with nothing changed, if that cannot be relied on."""
     check()
     from ray._private import ray_constants
 

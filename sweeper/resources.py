@@ -3,8 +3,8 @@ what a node can give before any trial is launched.
 
 Ray does not refuse a request no node can meet: it warns after a minute and the sweep waits
 forever. So a local Ray is checked against this machine before Ray starts (its CPUs, or
-ray.num_cpus; its GPUs as torch sees them, or ray.num_gpus), and any cluster against its
-live nodes right after connecting.
+ray.num_cpus; its GPUs as torch sees them, or ray.num_gpus; and whether it can start as
+promised: cluster.check_local_start), and any cluster against its live nodes right after connecting.
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ import os
 from typing import Any
 
 from core.errors import ConfigError, require
+
+from .cluster import check_local_start, listen_setting
 
 
 def _number(ray_cfg: dict[str, Any], key: str, default: float) -> float:
@@ -43,12 +45,19 @@ def requested(ray_cfg: dict[str, Any]) -> tuple[float, float]:
 
 
 def check_local(ray_cfg: dict[str, Any]) -> None:
-    """Before Ray starts: a request the local Ray (ray.address=null) could never meet."""
+    """Before anything is written: a request the local Ray (ray.address=null) could never meet,
+    or a local Ray that could not start as promised."""
     cpus, gpus = requested(ray_cfg)
-    for key in ("num_cpus", "num_gpus"):
-        _number(ray_cfg, key, 0)
+    num_cpus = ray_cfg.get("num_cpus")
+    # 0 starts a Ray no trial fits on, found by check_cluster only once the study is written.
+    whole = isinstance(num_cpus, int | float) and not isinstance(num_cpus, bool) and float(num_cpus).is_integer()
+    require(num_cpus is None or (whole and num_cpus >= 1), "ray.num_cpus", num_cpus,
+            "must be a whole number >= 1, or null for all of this machine's cores")
+    _number(ray_cfg, "num_gpus", 0)
+    listen_setting(ray_cfg)
     if ray_cfg.get("address"):
         return  # another cluster: checked against its nodes once connected
+    check_local_start(ray_cfg)
     have_cpus = ray_cfg.get("num_cpus") or len(os.sched_getaffinity(0))
     where = "ray.num_cpus" if ray_cfg.get("num_cpus") else "this machine's cores"
     require(cpus <= have_cpus, "ray.cpus_per_trial", ray_cfg.get("cpus_per_trial"),

@@ -9,6 +9,8 @@ import pytest
 
 from sweeper import ray_internals
 
+from .conftest import REPO
+
 
 @pytest.mark.parametrize("dotted", ray_internals.INTERNALS)
 def test_each_internal_resolves(dotted):
@@ -22,12 +24,36 @@ def test_check_passes_on_the_installed_ray():
     ray_internals.check()
 
 
-def test_internals_were_read_from_the_installed_ray():
-    import ray
+def test_the_installed_ray_and_pyproject_are_the_range_the_internals_are_vouched_for():
+    """pip installs what pyproject.toml allows; the internals are vouched for in SUPPORTED only:
+    the two are one range, holding the Ray they were read from and the installed one."""
+    import tomllib
 
-    assert ray.__version__ == ray_internals.CHECKED_AGAINST, (
-        f"ray {ray.__version__} is installed, sweeper/ray_internals.py was read against "
-        f"{ray_internals.CHECKED_AGAINST}: if the other tests here pass, set CHECKED_AGAINST")
+    import ray
+    from packaging.requirements import Requirement
+    from packaging.specifiers import SpecifierSet
+
+    deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    (required,) = [r for r in map(Requirement, deps) if r.name == "ray"]
+    assert required.specifier == SpecifierSet(ray_internals.SUPPORTED), (
+        f"pyproject.toml allows ray{required.specifier}, sweeper/ray_internals.py vouches for "
+        f"ray{ray_internals.SUPPORTED}: make them one range")
+    assert ray_internals.CHECKED_AGAINST in required.specifier
+    assert ray.__version__ == ray_internals.installed_version()
+    assert ray.__version__ in required.specifier, (
+        f"ray {ray.__version__} is installed, outside ray{ray_internals.SUPPORTED}: if the other tests here "
+        "pass, widen SUPPORTED and pyproject.toml together")
+
+
+@pytest.mark.parametrize("version", ["2.59.9", "2.61.0", "3.0.0", "2.61.0rc1"])
+def test_a_ray_outside_the_range_counts_as_moved_in_one_line(monkeypatch, version):
+    monkeypatch.setattr(ray_internals, "installed_version", lambda: version)
+    with pytest.raises(ray_internals.RayInternalsMoved) as err:
+        ray_internals.check()
+    assert str(err.value) == (f"ray {version} is installed and sweeper/ray_internals.py is checked against "
+                              f"ray{ray_internals.SUPPORTED} only (pip install 'ray[tune]{ray_internals.SUPPORTED}')")
+    monkeypatch.setattr(ray_internals, "installed_version", lambda: "2.60.3")
+    ray_internals.check()  # a patch release of the one minor version
 
 
 def test_a_moved_internal_is_reported_in_one_line(monkeypatch):
