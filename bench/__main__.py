@@ -1,10 +1,14 @@
-"""python -m bench [--tiny] [--only a,b] [--out DIR] [--repeats N] [--threads N]"""
+"""python -m bench [--tiny] [--only a,b] [--out DIR] [--repeats N] [--threads N]
+
+Writes DIR/results.json whole, every entry from this run with its provenance, and
+DIR/results.md. bench/results.json (the default DIR) is the record docs/benchmarks.md is
+generated from, so only a full run writes there: --tiny and --only need --out.
+"""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import sys
 import time
@@ -12,16 +16,17 @@ import traceback
 from pathlib import Path
 
 from . import BENCHMARKS
-from .common import FULL, TINY, machine_info, progress
+from .common import FULL, TINY, machine_info, progress, provenance
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+RECORD = Path(__file__).resolve().parent
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     p.add_argument("--tiny", action="store_true", help="nano model, few steps, 1 repeat, small sweeps (CI)")
     p.add_argument("--only", default="", help=f"comma-separated subset of {','.join(BENCHMARKS)}")
-    p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent, help="folder for results.json/.md")
+    p.add_argument("--out", type=Path, default=RECORD, help="folder for results.json/.md (default: the record, bench/)")
     p.add_argument("--repeats", type=int, help="repeats of trainer_vs_bare/probe_overhead (default 3; tiny 1)")
     p.add_argument("--threads", type=int, help="torch threads of every measured run (default 1)")
     args = p.parse_args(argv)
@@ -29,6 +34,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
     unknown = [s for s in args.selected if s not in BENCHMARKS]
     if unknown:
         p.error(f"--only: unknown benchmark {unknown[0]!r}; one of {', '.join(BENCHMARKS)}")
+    partial = [flag for flag, on in (("--tiny", args.tiny), (f"--only={args.only}", bool(args.only))) if on]
+    if partial and args.out.resolve() == RECORD:
+        p.error(f"{partial[0]} is invalid without --out DIR: bench/results.json holds one whole `make bench` "
+                "run, so a part or a tiny run goes to a folder of its own")
     return args
 
 
@@ -39,7 +48,6 @@ def main(argv: list[str] | None = None) -> int:
     settings = dataclasses.replace(settings, **changes)
     selected = set(args.selected)
     machine = machine_info()
-    where = machine["gpu"] or f"{machine['cpu_count']} CPUs"
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     benchmarks: dict[str, dict] = {}
     t_start = time.perf_counter()
@@ -48,6 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         names = [n for n in names if n in selected]
         if not names:
             return
+        started = provenance(machine)
         t0 = time.perf_counter()
         try:
             got = fn(set(names))
@@ -55,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
             got = {n: {"error": f"{type(e).__name__}: {e}"} for n in names}
         for n in names:
-            benchmarks[n] = {**got[n], "machine": where, "timestamp": stamp}
+            benchmarks[n] = {**got[n], "provenance": started}
         progress(",".join(names), f"done in {time.perf_counter() - t0:.0f} s")
 
     from . import (
@@ -78,12 +87,9 @@ def main(argv: list[str] | None = None) -> int:
     attempt(["sweep_overhead", "sweep_overhead_make_sweep"], lambda names: sweep_bench.split(sweep_bench.run(settings), names))
     attempt(["gpu_mfu"], lambda _: {"gpu_mfu": gpu_bench.run(settings)})
 
-    previous = args.out / "results.json"
-    if len(selected) < len(BENCHMARKS) and previous.exists():
-        kept = json.loads(previous.read_text()).get("benchmarks", {})
-        benchmarks = {n: benchmarks.get(n) or kept[n] for n in BENCHMARKS if n in benchmarks or n in kept}
-    for n in BENCHMARKS:
-        benchmarks.setdefault(n, {"skipped": "not selected (--only)", "machine": where, "timestamp": stamp})
+    not_selected = provenance(machine)
+    benchmarks = {n: benchmarks.get(n) or {"skipped": "not selected (--only)", "provenance": not_selected}
+                  for n in BENCHMARKS}
     results = {"machine": machine, "timestamp": stamp,
                "settings": {**{k: v for k, v in dataclasses.asdict(settings).items() if k != "extra"},
                             "selected": sorted(selected), "elapsed_s": time.perf_counter() - t_start},

@@ -5,7 +5,8 @@ grad-norm reads). Random tokens over a 32k vocabulary: throughput does not depen
 MFU = tokens/s * flops_per_token / peak, both from trainer/loop.py (PaLM's count; the dense
 bf16 peak of the GPU by name, 989 TFLOP/s on H100/H200). Skipped where CUDA is absent.
 
-    python -m bench --only gpu_mfu          on the GPU machine; merges into bench/results.json
+    make bench                                      on the GPU machine: every benchmark, gpu_mfu included
+    python -m bench --only gpu_mfu --out DIR        gpu_mfu alone, into a folder of its own
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ def run(settings) -> dict:
 
     if not torch.cuda.is_available():
         return {"skipped": "no CUDA device here (torch.cuda.is_available() is False); "
-                           "run `python -m bench --only gpu_mfu` on a GPU machine", "target": TARGET}
+                           "run `make bench` on a GPU machine", "target": TARGET}
     device = torch.device("cuda")
     presets = {}
     for preset in settings.gpu_presets:

@@ -1,19 +1,24 @@
-"""`python -m bench --tiny` runs and writes well-formed results. Not timed: CI machines are too
-noisy for assertions on speed; the figures themselves come from `make bench`."""
+"""`python -m bench --tiny` runs and writes well-formed results, each entry with its provenance,
+and docs/benchmarks.md is what the committed results give. Not timed: CI machines are too noisy
+for assertions on speed; the figures themselves come from `make bench`."""
 
 from __future__ import annotations
 
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from bench import BENCHMARKS
-from bench.common import TINY, median, rotate, timed_calls
+from bench import doc as bench_doc
+from bench.common import CPU_FLAGS, TINY, median, rotate, timed_calls
+from bench.report import BEFORE_PROVENANCE
 from bench.sweep_bench import _fit
 
 from .conftest import REPO
@@ -124,25 +129,86 @@ def test_markdown_table_has_a_row_per_benchmark(tiny_results):
     assert table.strip() in stdout  # the final table is printed too
 
 
+def test_every_entry_records_its_commit_date_machine_and_cpu_flags(tiny_results):
+    _, results, _ = tiny_results
+    def git(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True)
+
+    cpuinfo = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    flags = {f for line in cpuinfo.splitlines() if line.split(":")[0].strip() in ("flags", "Features")
+             for f in line.split(":", 1)[1].split()}
+    for name, entry in results["benchmarks"].items():
+        p = entry["provenance"]
+        # The commit the run measured: HEAD then, so HEAD or its ancestor now (a shared tree moves on).
+        assert re.fullmatch(r"[0-9a-f]{40}", p["commit"]) and isinstance(p["uncommitted"], list), name
+        assert git("merge-base", "--is-ancestor", p["commit"], "HEAD").returncode == 0, name
+        assert time.strptime(p["date"], "%Y-%m-%dT%H:%M:%S%z") and p["date"] >= results["timestamp"], name
+        assert p["machine"]["cpu_count"] == os.cpu_count() and p["machine"]["torch"], name
+        assert p["cpu_flags"] == [f for f in CPU_FLAGS if f in flags], name
+
+
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="gpu_mfu would run for real here")
-def test_only_replaces_its_own_entry_and_keeps_the_rest(tiny_results):
+def test_only_writes_a_whole_file_of_its_own_run(tiny_results, tmp_path):
     from bench.__main__ import main
 
     out, before, _ = tiny_results
-    time.sleep(1)  # a later timestamp
-    assert main(["--tiny", "--only", "gpu_mfu", "--out", str(out)]) == 0
-    after = json.loads((out / "results.json").read_text())
-    assert after["benchmarks"]["gpu_mfu"]["skipped"] and after["settings"]["selected"] == ["gpu_mfu"]
-    for name in BENCHMARKS:
+    assert main(["--tiny", "--only", "gpu_mfu", "--out", str(tmp_path)]) == 0
+    after = json.loads((tmp_path / "results.json").read_text())
+    assert after["settings"]["selected"] == ["gpu_mfu"] and set(after["benchmarks"]) == set(BENCHMARKS)
+    assert after["benchmarks"]["gpu_mfu"]["skipped"].startswith("no CUDA device")
+    for name, entry in after["benchmarks"].items():  # nothing is carried over from an earlier run
+        assert entry["provenance"]["date"] >= after["timestamp"], name
         if name != "gpu_mfu":
-            assert after["benchmarks"][name] == before["benchmarks"][name], name
-    # The table's header names the run each kept row came from, not only the newest one.
-    assert f"measured {before['timestamp']}" in (out / "results.md").read_text()
+            assert entry["skipped"] == "not selected (--only)", name
+    assert json.loads((out / "results.json").read_text()) == before  # the other folder is untouched
+
+
+@pytest.mark.parametrize("args", [["--tiny"], ["--only", "gpu_mfu"], ["--tiny", "--only", "data_prep", "--out", str(REPO / "bench")]])
+def test_a_part_or_a_tiny_run_is_refused_in_the_record_folder(args, capsys):
+    from bench.__main__ import main
+
+    record = REPO / "bench" / "results.json"
+    before = record.read_bytes()
+    with pytest.raises(SystemExit) as stop:
+        main(args)
+    assert stop.value.code == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "is invalid without --out DIR" in last and "one whole `make bench` run" in last
+    assert record.read_bytes() == before
+
+
+def test_benchmarks_doc_is_what_the_committed_results_give():
+    assert bench_doc.main(["--check"]) == 0
+
+
+def test_benchmarks_doc_prose_quotes_no_measured_figure():
+    """Figures live in the generated tables: the hand-written prose may name a run's settings
+    (the trial counts, the matmul's side) but no measurement, so none can go stale."""
+    from experiments.results_doc import stray
+
+    doc = bench_doc.DOC.read_text()
+    results = json.loads(bench_doc.RESULTS.read_text())
+    generated = "".join(m.group("body") for m in bench_doc.BLOCK.finditer(doc))
+    assert "| trainer_vs_bare |" in generated and "| trainer_vs_bare |" not in bench_doc.prose(doc)
+    assert stray(bench_doc.prose(doc), generated + json.dumps(results["settings"])) == []
+    # The check can fail: a figure written into the prose is found.
+    assert stray(bench_doc.prose(doc) + " the sweep took 26.1 s", generated) == ["26.1"]
+
+
+def test_benchmarks_doc_marks_entries_without_provenance_and_renders_a_new_run(tiny_results):
+    _, results, _ = tiny_results
+    doc = bench_doc.DOC.read_text()
+    fresh = bench_doc.render(doc, results)
+    assert BEFORE_PROVENANCE not in fresh and results["benchmarks"]["data_prep"]["provenance"]["date"] in fresh
+    legacy = {**results, "benchmarks": {**results["benchmarks"], "data_prep": {
+        k: v for k, v in results["benchmarks"]["data_prep"].items() if k != "provenance"} | {"timestamp": "then"}}}
+    rows = [r for r in bench_doc.render(doc, legacy).splitlines() if r.startswith("| data_prep | then |")]
+    assert rows == [f"| data_prep | then | {BEFORE_PROVENANCE} | - | - |"]
+    with pytest.raises(ValueError, match="missing \\['sweep'\\]"):
+        bench_doc.render(doc.replace("<!-- bench.doc: sweep -->", ""), results)
 
 
 def test_the_make_sweep_point_times_the_makefiles_grid():
-    import re
-
     from bench.common import FULL
 
     grid = re.search(r"^SWEEP_GRID \?= (.*)$", (REPO / "Makefile").read_text(), re.M).group(1).split()
