@@ -1,4 +1,4 @@
-"""The README's cluster recipe, run as a user runs it: `ray start --head`, one `ray start
+"""The cluster recipe of docs/sweeps.md, run as a user runs it: `ray start --head`, one `ray start
 --address` worker, a sweep with ray.address=auto, `ray stop`, under token authentication as
 Ray 2.60 sets it up (RAY_AUTH_MODE=token, the token in ~/.ray/auth_token).
 
@@ -66,7 +66,7 @@ def test_a_user_started_cluster_with_token_auth_runs_a_sweep_on_both_nodes_and_s
     port, dashboard_port = free_port(), free_port()
     tiny = " ".join(shlex.quote(a) for a in [*TINY, "init.gamma=0.5,1.0", "ray.cpus_per_trial=1"])
     sweep = f"python {shlex.quote(str(REPO / 'sweep.py'))} -m {tiny}"
-    # The README's commands, each followed by its exit code; the sizes and ports are the test's.
+    # The recipe's commands, each followed by its exit code; the sizes and ports are the test's.
     script = f"""
 exec 2>&1  # one stream, in order: each step's output lies between its BEGIN and STEP lines
 step() {{ name=$1; shift; echo "BEGIN $name"; "$@"; printf "\\nSTEP %s rc=%d\\n" "$name" $?; }}
@@ -77,7 +77,7 @@ RAY_AUTH_TOKEN=not-the-token step wrong_token ray status
 step worker ray start --address=$(cat "$RAY_TMPDIR/ray/ray_current_cluster") --num-cpus=1 --disable-usage-stats
 cd {shlex.quote(str(tmp_path))}
 step sweep {sweep} ray.address=auto name=cluster
-# a driver that names the head but lacks RAY_AUTH_MODE sends no token (the README's warning)
+# a driver that names the head but lacks RAY_AUTH_MODE sends no token (the recipe's warning)
 step no_auth_mode env -u RAY_AUTH_MODE {sweep} ray.address=$(cat "$RAY_TMPDIR/ray/ray_current_cluster") name=noauth
 step stop ray stop
 echo LEFT; ps -e -o pid=,args= | grep -v -e 'ps -e' -e grep -e '^ *1 ' ; echo END

@@ -1,5 +1,6 @@
-"""The repository stands alone: outside facts are cited from docs/paper.md, and every
-`docs/paper.md#<heading>` a tracked file cites is a heading there."""
+"""The repository stands alone: outside facts are cited from docs/paper.md, every
+`docs/paper.md#<heading>` a tracked file cites is a heading there, and every link of the README
+and docs/ resolves (each doc reachable from the README)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ OUTSIDE_NOTES = "RESEARCH" + ".md"
 RECORDED_QUOTE = f"the effect needs width; {OUTSIDE_NOTES}: damping ~0.93 at d=128, ~0.15 at d=2048"
 CITATION = re.compile(r"docs/paper\.md#([\w-]+)")
 LOCAL_LINK = re.compile(r"\]\(#([\w-]+)\)")
+MD_LINK = re.compile(r"\]\(([^)\s]+)\)")
 
 
 def tracked_files() -> list[Path]:
@@ -102,3 +104,33 @@ def test_anchors_follow_github_and_a_missing_one_is_reported():
     md = "# Title\n## Gated attention (Qiu et al.)\n```\n# not a heading\n```\n### CPU bf16 matmuls\n## Notes\n## Notes\n"
     assert anchors(md) == {"title", "gated-attention-qiu-et-al", "cpu-bf16-matmuls", "notes", "notes-1"}
     assert missing_anchors({"a.py": {"notes", "not-a-heading"}}, anchors(md)) == {"a.py": ["not-a-heading"]}
+
+
+def relative_links(path: Path) -> list[str]:
+    return [t for t in MD_LINK.findall(path.read_text()) if not re.match(r"[a-z]+:", t)]
+
+
+def broken_links(path: Path) -> list[str]:
+    """The relative links of a Markdown file whose file, or whose #heading in it, is not there."""
+    out = []
+    for target in relative_links(path):
+        file, _, heading = target.partition("#")
+        dest = (path.parent / file) if file else path
+        if not dest.exists() or (heading and dest.suffix == ".md" and heading not in anchors(dest.read_text())):
+            out.append(target)
+    return out
+
+
+def test_readme_and_docs_links_resolve_and_every_doc_is_reachable_from_the_readme():
+    readme, docs = REPO / "README.md", sorted((REPO / "docs").glob("*.md"))
+    broken = {str(p.relative_to(REPO)): b for p in [readme, *docs] if (b := broken_links(p))}
+    assert not broken, f"links to no file or no such heading: {broken}"
+    linked = {(REPO / t.partition("#")[0]).resolve() for t in relative_links(readme)}
+    assert not [str(d.relative_to(REPO)) for d in docs if d.resolve() not in linked], "link each doc from the README"
+
+
+def test_a_link_to_a_missing_file_or_heading_is_reported(tmp_path):
+    (tmp_path / "a.md").write_text("# A\n## The results table: `x`\n")
+    page = tmp_path / "b.md"
+    page.write_text("[ok](a.md#the-results-table-x) [web](https://x.org/y) [gone](c.md) [no](a.md#nope) [self](#b)\n# B\n")
+    assert broken_links(page) == ["c.md", "a.md#nope"]

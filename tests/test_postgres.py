@@ -74,7 +74,7 @@ def test_card_grid_on_a_postgres_study_records_each_trial_once_and_the_dashboard
     again = sweep(tmp_path, data_cache, *CARD, f"hydra.sweeper.storage={url}", "wandb.mode=disabled", "name=card")
     assert again.returncode == 0 and "8 trials (8 already done)" in again.stdout, again.stderr[-3000:]
 
-    # The dashboard the README shows, on the same URL: its API lists the study and its trials.
+    # The dashboard docs/sweeps.md shows, on the same URL: its API lists the study and its trials.
     port = pg.port + 1
     while _in_use(port):
         port += 1

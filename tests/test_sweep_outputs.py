@@ -41,7 +41,7 @@ def test_tune_dataframes_have_config_columns_and_the_study_paths_move_with_the_f
     recorded = {t.user_attrs["identity"]: t.user_attrs["trial_dir"] for t in study.get_trials()}
     assert recorded == dict(zip(results["identity"], results["trial_dir"]))  # the parquet's relative paths
     assert all(path == f"trials/{ident}" for ident, path in recorded.items())
-    # A grid's values are recorded as ranges (README: so the grid can grow); the trials say
+    # A grid's values are recorded as ranges (docs/sweeps.md: so the grid can grow); the trials say
     # they were fixed points, not samples, which is how the report knows to skip importances.
     assert {type(d).__name__ for t in study.get_trials() for d in t.distributions.values()} == {"FloatDistribution",
                                                                                               "IntDistribution"}
