@@ -8,6 +8,7 @@ data and budget resolved, its identity, and how it would run.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
@@ -39,16 +40,17 @@ def show(argv: list[str], conf_dir: Path) -> str:
             points = [{**s, pconf.seed_key: seed} for s in space.grid() for seed in pconf.tune_seeds]
             space = protocol.round_space(space, points)
         points = space.grid() if space.mode == "grid" else [{}]
-        trials = []
+        trials, workers = [], []
         for point in points:
             cfg = compose("config", overrides=space.overrides_for(point))
             trials.append((point, trial_config_from_dict(OmegaConf.to_container(cfg, resolve=True))))
+            workers.append(int(cfg.ray.get("workers_per_trial") or 1))
     point, first = trials[0]
     m = first.model
     out = [OmegaConf.to_yaml(OmegaConf.create(first.to_dict())).rstrip(),
            f"# identity {first.identity()}: {first.preset}, {m.num_params() / 1e6:.2f}M parameters "
            f"({m.num_params(active=True) / 1e6:.2f}M active), {_steps_line(first.train)}",
-           *_passes(first)]
+           *_passes(first), *_memory([t for _, t in trials], workers)]
     if not multirun:
         out.append("# runs here, in this process (python sweep.py ...)")
         return "\n".join(out)
@@ -92,6 +94,29 @@ def _cost(trials: list[TrialConfig], what: str) -> str:
     flops = sum(n * flops_per_token(t) for n, t in zip(tokens, trials))
     return (f"# cost of {what}: {len(trials)} trials, {sum(tokens):,} tokens trained, {flops:.3g} training FLOPs "
             "(6N + 12LdT per token, trainer.loop.flops_per_token; evaluation not counted)")
+
+
+def _memory(trials: list[TrialConfig], workers: list[int]) -> list[str]:
+    """Per distinct (shape, batch, workers) of the trials: the memory one device needs
+    (trainer/memory.py), and where a trial fits no large device, how many FSDP workers would
+    fit it on an 80 GB one."""
+    from trainer.memory import estimate, fsdp_workers_to_fit
+
+    lines, seen = [], {}
+    for trial, n in zip(trials, workers):
+        shape, t = dataclasses.replace(trial.model, init=type(trial.model.init)()), trial.train  # init: no bytes
+        seen.setdefault(repr((shape, t.batch_size, t.seq_len, t.dtype, t.device, t.parallel, n)), []).append((trial, n))
+    for group in seen.values():
+        trial, n = group[0]
+        e = estimate(trial, n, trial.train.parallel)
+        what = f"{len(group)} trial(s) like {trial.identity()}" if len(seen) > 1 else "each trial"
+        line = f"# {what}: {e.line()}"
+        if not e.fits(80):
+            fit = fsdp_workers_to_fit(trial, 80)
+            line += (f"; with ray.workers_per_trial={fit} train.parallel=fsdp it fits an 80 GB device" if fit else
+                     "; no FSDP worker count up to 64 fits an 80 GB device: lower train.batch_size or train.seq_len")
+        lines.append(line)
+    return lines
 
 
 def _container(node) -> dict:
