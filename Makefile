@@ -52,10 +52,13 @@ report: install ## Build the HTML report of the newest sweep (or SWEEP=dir[,dir.
 	$(PY) -m experiments.report $(if $(SWEEP),--sweep $(SWEEP),) $(ARGS)
 
 # The CPU forms of the paper's studies (conf/experiment/), each with the command(s) its record names
-# (docs/results/<exp>/command.txt, else the experiment alone); a rerun skips finished trials.
+# (docs/results/<exp>/command.txt, else the experiment alone); a rerun skips finished trials. All
+# but scaling select each lr on a tuning seed, then compare confirm seeds, in one command; each
+# experiment's header gives its trial count and estimated time (about 5 h in all in fp32; scaling,
+# still in its previous form, about 2 of them).
 EXPERIMENTS ?= width_trend gamma_scan eps_fix gate scaling moe anchor
 
-experiments: install ## Run every CPU experiment, report each, rewrite docs/results.md (~4 h on 2 cores)
+experiments: install ## Run every CPU experiment, report each, rewrite docs/results.md (~5 h on 2 cores, estimated)
 	set -e; for e in $(EXPERIMENTS); do \
 	  cmds=docs/results/$$e/command.txt; \
 	  if [ -f $$cmds ]; then \

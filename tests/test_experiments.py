@@ -6,20 +6,23 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+from sweeper import protocol
+from sweeper.config import ProtocolConf
 from sweeper.space import parse_sweep
 from trainer.config import trial_config_from_dict
 
 from .conftest import CONF
 
-# experiment -> (grid size, preset(s), what each trial must look like)
+# experiment -> (grid size, preset(s)). A select-then-confirm experiment's grid is its
+# settings x the tuned lrs (the seeds come from hydra.sweeper.protocol): stage 1's first round.
 EXPECTED = {
-    "gamma_scan": (36, {"micro"}),
-    "eps_fix": (12, {"micro"}),
-    "gate": (27, {"micro"}),
+    "gamma_scan": (12, {"micro"}),
+    "eps_fix": (6, {"micro"}),
+    "gate": (12, {"micro"}),
     "scaling": (36, {"nano", "micro", "mini"}),
-    "moe": (18, {"micro-moe"}),
-    "anchor": (36, {"nano"}),
-    "width_trend": (72, {"micro"}),
+    "moe": (6, {"micro-moe"}),
+    "anchor": (12, {"nano"}),
+    "width_trend": (18, {"micro"}),
     "bf16_check": (6, {"micro"}),
     "gpu/gamma_scan": (10, {"0.1b"}),
     "gpu/eps_fix": (4, {"0.5b"}),
@@ -28,6 +31,9 @@ EXPECTED = {
     "gpu/moe": (2, {"moe-0.5b"}),
     "gpu/anchor": (128, {"nano"}),
 }
+# The CPU records run select, then confirm: experiment -> (stage 1's first round, stage 2) trials.
+STAGES = {"gamma_scan": (12, 24), "eps_fix": (6, 8), "gate": (12, 16), "moe": (6, 16), "anchor": (12, 16),
+          "width_trend": (18, 24)}
 
 
 def _compose(overrides):
@@ -35,17 +41,17 @@ def _compose(overrides):
         return compose("config", overrides=overrides, return_hydra_config=True)
 
 
+def trial_of(experiment, *overrides):
+    container = OmegaConf.to_container(_compose([f"+experiment={experiment}", *overrides]), resolve=False)
+    container.pop("hydra")
+    return trial_config_from_dict(OmegaConf.to_container(OmegaConf.create(container), resolve=True))
+
+
 def grid_trials(experiment):
     base = _compose([f"+experiment={experiment}"])
     params = OmegaConf.to_container(base.hydra.sweeper.params)
     space = parse_sweep([], params)
-    trials = []
-    for point in space.grid():
-        cfg = _compose([f"+experiment={experiment}", *space.overrides_for(point)])
-        container = OmegaConf.to_container(cfg, resolve=False)
-        container.pop("hydra")
-        trials.append(trial_config_from_dict(OmegaConf.to_container(OmegaConf.create(container), resolve=True)))
-    return base, trials
+    return base, [trial_of(experiment, *space.overrides_for(point)) for point in space.grid()]
 
 
 @pytest.mark.parametrize("experiment", list(EXPECTED))
@@ -76,20 +82,64 @@ def test_eps_fix_runs_at_a_width_where_saturation_bites(data_cache):
     assert {t.model.init.gamma for t in trials} == {1.0}  # eps matters only at small init
 
 
-@pytest.mark.parametrize("experiment", ["gamma_scan", "width_trend", "gate", "eps_fix", "moe"])
-def test_cpu_forms_tune_the_learning_rate_at_a_stable_budget(experiment, data_cache):
+def plan(experiment):
+    """(base config, its protocol, its sweep space): what the sweeper reads."""
+    base = _compose([f"+experiment={experiment}"])
+    conf = ProtocolConf(**OmegaConf.to_container(base.hydra.sweeper.protocol))
+    return base, conf, parse_sweep([], OmegaConf.to_container(base.hydra.sweeper.params))
+
+
+@pytest.mark.parametrize("experiment", list(STAGES))
+def test_cpu_forms_choose_the_lr_on_tuning_seeds_and_compare_on_four_or_more_others(experiment, data_cache):
+    base, conf, space = plan(experiment)
+    protocol.check(conf, space, asha=bool(base.hydra.sweeper.asha.enabled))  # the sweep would not refuse it
+    lrs = space.discrete["optim.lr"].values
+    assert conf.tune == ["optim.lr"] and len(lrs) >= 3  # a choice can sit inside the grid
+    assert len(conf.confirm_seeds) >= 4 and not set(conf.tune_seeds) & set(conf.confirm_seeds)
+    # The seed key is the one that moves both the weights and the data order (paired seeds).
+    assert conf.seed_key == "seed" and not {"seed", "train.seed", "init.seed"} & set(space.discrete)
+    t = trial_of(experiment, f"{conf.seed_key}=7")
+    assert t.model.init.seed == t.train.seed == 7
     _, trials = grid_trials(experiment)
-    assert len({t.optim.lr for t in trials}) >= 2  # each setting is compared at its own best lr
-    assert len({t.model.init.seed for t in trials}) >= 3  # paired seeds
-    assert {t.train.max_tokens for t in trials} == {327680}
+    assert len({(t.train.max_tokens, t.train.max_steps) for t in trials}) == 1  # one budget for every arm
+    # --show prints both stages (sweeper/show.py prints these lines).
+    stage1, stage2 = protocol.describe_plan(conf, space)
+    n_tune, n_confirm = STAGES[experiment]
+    assert stage1.startswith("# stage 1 (tune)") and f"= {n_tune} trials;" in stage1
+    assert stage2.startswith("# stage 2 (confirm)") and stage2.endswith(f"= {n_confirm} trials")
+    assert n_tune == len(trials) == len(protocol.settings(conf, space)) * len(lrs) * len(conf.tune_seeds)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("experiment", list(STAGES))
+def test_cpu_form_show_prints_both_stages(experiment, tmp_path, data_cache):
+    from .conftest import run_cli
+
+    proc = run_cli(["--show", "-m", f"+experiment={experiment}"], cwd=tmp_path,
+                   env={"SMALLINIT_CACHE": str(data_cache)}, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    n_tune, n_confirm = STAGES[experiment]
+    assert f"# with -m: {n_tune} trial(s), grid" in proc.stdout
+    assert "# stage 1 (tune): " in proc.stdout and f"= {n_confirm} trials\n" in proc.stdout
+    assert not (tmp_path / "sweeps").exists()  # nothing ran
+
+
+def test_gate_runs_both_gammas_with_and_without_the_gate(data_cache):
+    """The paper's gate claim is an interaction: the gate's gain at gamma 1 against its gain at
+    gamma 0.5, so the record holds all four cells and nothing else differs between them."""
+    _, trials = grid_trials("gate")
+    cells = {(t.model.init.gamma, t.model.attn.gate) for t in trials}
+    assert cells == {(0.5, "none"), (0.5, "elementwise"), (1.0, "none"), (1.0, "elementwise")}
+    assert {t.model.norm.eps for t in trials} == {1e-12} and {t.model.d_model for t in trials} == {128}
+    assert {t.model.n_heads for t in trials} == {4}  # heads of 32, as in the last gate record
 
 
 def test_width_trend_scales_width_at_fixed_depth_and_head_size(data_cache):
     _, trials = grid_trials("width_trend")
-    assert {t.model.d_model for t in trials} == {64, 128, 192, 256}
+    assert {t.model.d_model for t in trials} == {64, 128, 192}
     for t in trials:
         m = t.model
-        assert m.n_layers == 4 and m.head_dim == 64 and m.n_heads == m.d_model // 64
+        assert m.n_layers == 4 and m.head_dim == 32 and m.n_heads == m.d_model // 32 >= 2
         assert m.d_ff == 64 * -(-8 * m.d_model // (3 * 64))  # Llama's 8/3*d, rounded up to 64
         assert t.train.max_tokens == 327680  # one token budget at every width
     arms = {(t.model.init.gamma, t.model.norm.eps, t.model.attn.gate) for t in trials}
@@ -105,13 +155,17 @@ def test_cpu_form_runs_end_to_end_at_a_reduced_budget(experiment, tmp_path, data
 
     from .conftest import run_cli
 
+    # No edge extensions: at 2 steps the lr choice is noise, and the count stays exact.
+    no_ext = ["hydra.sweeper.protocol.max_extensions=0"] if experiment in STAGES else []
     proc = run_cli(["-m", f"+experiment={experiment}", "train.max_steps=2", "train.eval_every=2",
                     "train.batch_size=4", "train.seq_len=32", "train.eval_tokens=256", "train.per_token_eval_tokens=128",
-                    "train.probe_every=2", "ray.num_cpus=2", "wandb.mode=disabled"],
+                    "train.probe_every=2", "ray.num_cpus=2", "wandb.mode=disabled", *no_ext],
                    cwd=tmp_path, env={"SMALLINIT_CACHE": str(data_cache)}, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     df = pd.read_parquet(tmp_path / "sweeps" / experiment / "results.parquet")
-    assert len(df) == EXPECTED[experiment][0] and set(df["state"]) == {"COMPLETE"}
+    assert len(df) == sum(STAGES.get(experiment, (EXPECTED[experiment][0],))) and set(df["state"]) == {"COMPLETE"}
+    if experiment in STAGES:
+        assert df["role"].value_counts().to_dict() == dict(zip(("tune", "confirm"), STAGES[experiment]))
     # ... and its report builds, with the experiment's own analysis.
     import json
 

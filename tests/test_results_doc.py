@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import shutil
 
 import pytest
@@ -73,13 +74,24 @@ def test_collect_copies_the_summary_and_shrinks_figures(tmp_path):
     assert not (out / "loss_curves.png").exists()  # absent from the report: nothing to copy
 
 
-@pytest.mark.parametrize("experiment", results_doc.EXPERIMENTS)
+# Experiments whose config now runs select, then confirm, while the committed record was run
+# before it (issue #28 item 4); strict, so the mark goes when the rerun record is committed.
+_RERUN = "the committed record predates its experiment's select-then-confirm form: rerun pending"
+_PENDING = ("width_trend", "gamma_scan", "eps_fix", "gate", "moe", "anchor")
+
+
+@pytest.mark.parametrize("experiment", [pytest.param(e, marks=pytest.mark.xfail(strict=True, reason=_RERUN))
+                                        if e in _PENDING else e for e in results_doc.EXPERIMENTS])
 def test_each_record_has_the_grid_of_the_command_it_names(experiment):
-    """The page's command (the experiment's own, or command.txt's) gives the record's trial count."""
+    """The page's command (the experiment's own, or command.txt's) gives the record's trial count:
+    exactly for a grid; for select, then confirm, stage 1 (with any edge extensions) plus stage 2,
+    and the record compares confirm seeds only."""
     import shlex
 
     from omegaconf import OmegaConf
 
+    from sweeper import protocol
+    from sweeper.config import ProtocolConf
     from sweeper.space import parse_sweep
 
     folder = DOCS / "results" / experiment
@@ -87,12 +99,26 @@ def test_each_record_has_the_grid_of_the_command_it_names(experiment):
     lines = [line for line in command.read_text().splitlines() if line.strip()] if command.exists() else [""]
     yaml = OmegaConf.load(results_doc.REPO / "conf" / "experiment" / f"{experiment}.yaml")
     params = {k: str(v) for k, v in yaml.hydra.sweeper.params.items()}
+    summary = json.loads((folder / "summary.json").read_text())
+    trials = summary["scale"]["trials"]
+    if "protocol" in yaml.hydra.sweeper:
+        assert len(lines) == 1, f"{experiment}: a select-then-confirm record is one command, not {len(lines)}"
+        conf = ProtocolConf(**OmegaConf.to_container(yaml.hydra.sweeper.protocol))
+        space = parse_sweep([a for a in shlex.split(lines[0])[3:] if not a.startswith("+experiment=")], params)
+        n = len(protocol.settings(conf, space))
+        lrs = [len(space.discrete[k].values) for k in conf.tune]
+        tune = n * math.prod(lrs) * len(conf.tune_seeds)
+        most = n * math.prod(k + 2 * conf.max_extensions for k in lrs) * len(conf.tune_seeds)
+        confirm = n * len(conf.confirm_seeds)
+        assert tune + confirm <= trials <= most + confirm, f"{experiment}: the record has {trials} trials"
+        numbers = [x for c in summary["claims"] for x in c.get("numbers") or []]
+        assert any(x.get("n_confirm") for x in numbers), f"{experiment}: no comparison on confirm seeds"
+        return
     points = set()  # one sweep folder: a later command's points add to the earlier ones'
     for line in lines:
         args = shlex.split(line)[3:]  # after `python sweep.py -m`
         space = parse_sweep([a for a in args if not a.startswith("+experiment=")], params)
         points |= {tuple(sorted(space.overrides_for(p))) for p in space.grid()}
-    trials = json.loads((folder / "summary.json").read_text())["scale"]["trials"]
     assert len(points) == trials, f"{experiment}: the record has {trials} trials, its command(s) {len(points)}"
 
 

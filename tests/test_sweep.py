@@ -296,6 +296,10 @@ def test_show_prints_each_trial_as_it_will_train(tmp_path):
     assert "runs here" in proc.stdout and not (tmp_path / "runs").exists()  # nothing trained
     grid = run_cli(["--show", "-m", "+experiment=gate"], cwd=tmp_path, timeout=120)
     assert grid.returncode == 0, grid.stderr[-2000:]
-    assert "27 trial(s), grid" in grid.stdout and "Ray Tune trial" in grid.stdout and "not used" in grid.stdout
+    # Select, then confirm: the first round (4 arms x 3 lrs on the tuning seed) is listed, and both stages' plan.
+    assert "12 trial(s), grid" in grid.stdout and "Ray Tune trial" in grid.stdout and "not used" in grid.stdout
     listed = [line.split()[1] for line in grid.stdout.splitlines() if line.startswith("#   ")]
-    assert len(listed) == len(set(listed)) == 27
+    assert len(listed) == len(set(listed)) == 12
+    assert "# stage 1 (tune): 4 setting(s) x optim.lr=0.001,0.003,0.01 x seed in [100] = 12 trials" in grid.stdout
+    assert "# stage 2 (confirm): 4 setting(s) at the value(s) stage 1 chooses x seed in [1, 2, 3, 4] = 16 trials" \
+        in grid.stdout
