@@ -15,6 +15,7 @@ from model.config import ConfigError
 from trainer import corpus
 from trainer.data import (
     TrainBatches,
+    cache_damage,
     cache_path_for,
     prepare,
     unigram_cross_entropy,
@@ -289,3 +290,43 @@ def test_concurrent_prepare_keeps_the_winner(tmp_path, monkeypatch):
     assert got.dir == winner[0].dir and len(calls) == 2 and not calls[0].exists()
     assert (got.dir / "meta.json").stat().st_mtime_ns == (winner[0].dir / "meta.json").stat().st_mtime_ns
     assert [p.name for p in cfg.cache_path.iterdir()] == [got.dir.name]  # temp dir removed
+
+
+@pytest.mark.parametrize("damage", ["cut", "changed", "missing", "meta"])
+def test_a_damaged_cache_is_named_set_aside_and_prepared_again(tmp_path, damage):
+    (tmp_path / "a.txt").write_text("\n\n".join(f"paragraph {i} with some words in it" for i in range(40)),
+                                    encoding="utf-8")
+    cfg = TextData(paths=(str(tmp_path / "a.txt"),), vocab_size=300, cache_dir=str(tmp_path / "cache"))
+    first = prepare(cfg, log=lambda _: None)
+    tokens = np.array(first.train_tokens())
+    assert set(first.meta["files"]) == {"train.bin", "val.bin", "tokenizer.json", "split.npz"}
+    train = first.dir / "train.bin"
+    if damage == "cut":
+        train.write_bytes(train.read_bytes()[:-2])
+    elif damage == "changed":  # same size, other bytes: only the checksum sees it
+        raw = bytearray(train.read_bytes())
+        raw[0] ^= 1
+        train.write_bytes(bytes(raw))
+    elif damage == "missing":
+        (first.dir / "tokenizer.json").unlink()
+    else:
+        (first.dir / "meta.json").write_text("{")
+    messages = []
+    again = prepare(cfg, log=messages.append)
+    assert again.dir == first.dir and np.array_equal(np.array(again.train_tokens()), tokens)
+    assert "is damaged (" in messages[0] and "set aside as" in messages[0] and "preparing it again" in messages[0]
+    aside = [p.name for p in cfg.cache_path.iterdir() if ".damaged-" in p.name]
+    assert len(aside) == 1 and aside[0].startswith(first.dir.name)  # kept, not deleted
+    assert "cache hit" in (prepare(cfg, log=messages.append), messages[-1])[1]
+
+
+def test_a_cache_written_before_files_were_recorded_is_checked_by_its_token_counts(tmp_path):
+    (tmp_path / "a.txt").write_text("\n\n".join(f"paragraph {i}" for i in range(40)), encoding="utf-8")
+    cfg = TextData(paths=(str(tmp_path / "a.txt"),), vocab_size=300, cache_dir=str(tmp_path / "cache"))
+    data = prepare(cfg, log=lambda _: None)
+    meta = json.loads((data.dir / "meta.json").read_text())
+    del meta["files"]
+    (data.dir / "meta.json").write_text(json.dumps(meta))
+    assert cache_damage(data.dir) is None
+    (data.dir / "val.bin").write_bytes((data.dir / "val.bin").read_bytes()[:-2])
+    assert cache_damage(data.dir).startswith("val.bin holds ")

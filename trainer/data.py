@@ -14,10 +14,12 @@ and every setting that changes the output (vocab_size, val_fraction, split_seed,
     val.bin          <|endoftext|>, documents in the seeded shuffle order (so any prefix of
                      val mixes the sources)
     split.npz        train_ids, val_ids: document indices (after dedupe) in file order
-    meta.json        counts, dtype, unigram baselines, sources
+    meta.json        counts, dtype, unigram baselines, sources, and each file's size and sha256
 
 The directory is built under a temporary name and renamed into place, so a reader sees all
-of it or none of it; when two processes race, the loser discards its copy.
+of it or none of it; when two processes race, the loser discards its copy. A hit checks the
+files against meta.json first (cache_damage); a damaged cache is set aside, named in one
+line, and prepared again.
 
 For corpus "tokens" (flat nanoGPT binaries or headered shards, trainer/shards.py) nothing is
 copied: the cache holds meta.json only (with every shard's header checked and its largest
@@ -110,10 +112,18 @@ def prepare(cfg: CorpusData, log=print) -> PreparedData:
     t0 = time.perf_counter()
     final, settings, files, sources = _locate(cfg)
     if (final / "meta.json").is_file():
-        data = _load(final)
-        log(f"data: cache hit {final} ({data.n_train_tokens:,} train / {data.n_val_tokens:,} "
-            f"val tokens, vocab {data.vocab_size}) in {time.perf_counter() - t0:.2f} s")
-        return data
+        damage = cache_damage(final)
+        if damage is None:
+            data = _load(final)
+            log(f"data: cache hit {final} ({data.n_train_tokens:,} train / {data.n_val_tokens:,} "
+                f"val tokens, vocab {data.vocab_size}) in {time.perf_counter() - t0:.2f} s")
+            return data
+        aside = final.with_name(f"{final.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
+        try:
+            os.rename(final, aside)
+            log(f"data: the cache {final} is damaged ({damage}): set aside as {aside.name}, preparing it again")
+        except FileNotFoundError:  # another trial set it aside first
+            pass
 
     cfg.cache_path.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=cfg.cache_path))
@@ -125,6 +135,9 @@ def prepare(cfg: CorpusData, log=print) -> PreparedData:
         else:
             meta.update(_build_text(cfg, tmp))
         meta["prepare_seconds"] = round(time.perf_counter() - t0, 2)
+        if cfg.corpus != "tokens":  # what a cache hit checks (cache_damage)
+            meta["files"] = {p.name: {"bytes": p.stat().st_size, "sha256": _sha256(p)}
+                             for p in sorted(tmp.iterdir()) if p.is_file()}
         (tmp / "meta.json").write_text(json.dumps(meta, indent=1, ensure_ascii=False))
         try:
             os.rename(tmp, final)
@@ -140,6 +153,44 @@ def prepare(cfg: CorpusData, log=print) -> PreparedData:
         f"train / {data.n_val_tokens:,} val tokens, vocab {data.vocab_size}) in "
         f"{time.perf_counter() - t0:.1f} s")
     return data
+
+
+# Cache files up to this size are checked against their sha256 on every hit (the default
+# corpus's take ~20 ms); larger ones against their size only, so a hit stays fast.
+HASH_CHECK_BYTES = 64 * 2**20
+
+
+def cache_damage(d: Path) -> str | None:
+    """Why the prepared cache d cannot be used as it is (a file missing, cut short or changed
+    since it was written), or None. Caches written before files were recorded are checked
+    against the token counts their meta.json holds."""
+    try:
+        meta = json.loads((d / "meta.json").read_text())
+        if meta["corpus"] == "tokens":  # the user's shards, fingerprinted in the cache key
+            return None
+        itemsize = np.dtype(meta["dtype"]).itemsize
+        expected = {f"{side}.bin": {"bytes": meta[f"{side}_slice"][1] * itemsize} for side in ("train", "val")}
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return f"meta.json is unreadable: {type(e).__name__}"
+    expected.update(meta.get("files", {}))
+    for name, want in expected.items():
+        path = d / name
+        if not path.is_file():
+            return f"{name} is missing"
+        size = path.stat().st_size
+        if size != want["bytes"]:
+            return f"{name} holds {size:,} bytes, {want['bytes']:,} were written"
+        if "sha256" in want and size <= HASH_CHECK_BYTES and _sha256(path) != want["sha256"]:
+            return f"{name} changed since it was written (sha256)"
+    return None
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def _load(d: Path) -> PreparedData:
