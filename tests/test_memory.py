@@ -49,8 +49,10 @@ print(json.dumps(peaks))
 """
 
 
-def test_the_estimate_is_within_20_percent_of_a_real_steps_peak(trial_config):
-    overrides = ("model=micro", "train.batch_size=16", "train.seq_len=128", "train.max_tokens=65536", "train.dtype=fp32")
+@pytest.mark.parametrize("model", ["micro", pytest.param("micro-moe", marks=pytest.mark.slow)])
+def test_the_estimate_is_within_20_percent_of_a_real_steps_peak(trial_config, model):
+    overrides = (f"model={model}", "train.batch_size=16", "train.seq_len=128", "train.max_tokens=65536",
+                 "train.dtype=fp32")
     proc = subprocess.run([sys.executable, "-c", MEASURE, *overrides], cwd=REPO, capture_output=True, text=True,
                           timeout=300, env={**os.environ, **ALLOC_ENV, "PYTHONPATH": str(REPO)})
     assert proc.returncode == 0, proc.stderr[-3000:]

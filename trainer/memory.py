@@ -23,6 +23,7 @@ fragmentation, and NCCL's buffers; the headroom in `fits` is for them.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -121,6 +122,16 @@ def saved_activation_bytes(model_config, rows: int, seq_len: int, dtype: str) ->
 
     from model.transformer import Transformer
 
+    routing = 0
+    if model_config.ffn.type == "moe":
+        # Routing is data-dependent (bincount): the meta device cannot run it. Each token passes
+        # through top_k experts of d_expert, which save what a dense block of top_k x d_expert
+        # saves, plus the router's fp32 scores and choices per token and expert, and each token's
+        # top_k gathered inputs and outputs.
+        ffn, tokens, width = model_config.ffn, model_config.n_layers * rows * seq_len, 2 if dtype == "bf16" else 4
+        routing = tokens * (ffn.n_experts * (4 + 8) + 2 * ffn.top_k * model_config.d_model * width)
+        model_config = dataclasses.replace(model_config, ffn=dataclasses.replace(ffn, type="dense"),
+                                           d_ff=ffn.top_k * (ffn.d_expert or model_config.d_ff))
     with torch.device("meta"):
         model = Transformer(model_config).to(torch.bfloat16 if dtype == "bf16" else torch.float32)
         idx = torch.zeros(rows, seq_len, dtype=torch.long)
@@ -140,7 +151,7 @@ def saved_activation_bytes(model_config, rows: int, seq_len: int, dtype: str) ->
             F.cross_entropy(logits.float().flatten(0, 1), idx.flatten())
     finally:
         F.scaled_dot_product_attention = sdpa
-    return sum(n for key, n in sizes.items() if key not in params)
+    return routing + sum(n for key, n in sizes.items() if key not in params)
 
 
 def _fused_attention():
