@@ -3,7 +3,7 @@ for a trial with train.budgets (identity `<trial>@<budget_tokens>`, from budgets
 
 Built from what the trials wrote (core.trial_dir: trial.json, result.json, failure.json) and
 the study's states, so it can always be rebuilt and never drops a finished trial. Written
-atomically. Its columns are core.results_schema, documented in README.md ("The results table").
+atomically. Its columns are core.results_schema, documented in docs/sweeps.md ("The results table").
 """
 
 from __future__ import annotations
