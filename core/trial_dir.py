@@ -8,6 +8,9 @@
     metrics.jsonl         every logged step (train, val, probes, throughput)
     probes/step_*.npz     row-cosine matrices at log-spaced probe steps (heatmaps)
     checkpoint.pt         latest state (model, optimizer, step), for resume; removed when done
+    checkpoint.dcp/       the same from a trial trained by several workers: each rank's shard
+                          (torch.distributed.checkpoint) and rank 0's scalars.json; written as
+                          checkpoint.dcp.new/, swapped in through checkpoint.dcp.old/; removed when done
     per_token_losses.npz  loss of each token of the fixed eval slice, at the end
     model.pt              the final weights
     budgets/<tokens>.json one token budget's result (train.budgets): written when its cooldown
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -110,6 +114,9 @@ class TrialDir:
     metrics = _file("metrics.jsonl")
     probes = _file("probes")
     checkpoint = _file("checkpoint.pt")
+    checkpoint_dcp = _file("checkpoint.dcp")
+    checkpoint_dcp_new = _file("checkpoint.dcp.new")
+    checkpoint_dcp_old = _file("checkpoint.dcp.old")
     per_token_losses = _file("per_token_losses.npz")
     model_weights = _file("model.pt")
     budgets = _file("budgets")
@@ -137,6 +144,12 @@ class TrialDir:
     def drop_checkpoint(self) -> None:
         """Only after result.json is written: a kill in between still resumes."""
         self.checkpoint.unlink(missing_ok=True)
+        self.drop_sharded_checkpoint()
+
+    def drop_sharded_checkpoint(self) -> None:
+        """checkpoint.dcp/ and a save or swap of it that a kill cut short (a set-aside copy stays)."""
+        for path in (self.checkpoint_dcp, self.checkpoint_dcp_new, self.checkpoint_dcp_old):
+            shutil.rmtree(path, ignore_errors=True)
 
     def artifacts(self, per_token_losses: bool) -> dict[str, str]:
         """result.json's `artifacts`: where the outputs are; per_token_losses "" when none were written."""

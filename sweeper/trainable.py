@@ -230,13 +230,22 @@ def _fit_workers(spec: TrialSpec, out: TrialDir) -> dict[str, Any]:
     )
     try:
         trainer.fit()
-    except WorkerGroupError as e:  # the first failed rank's own error, for failures.classify
-        first = e.worker_failures[min(e.worker_failures)]
-        raise getattr(first, "cause", None) or first from e
+    except WorkerGroupError as e:  # one failed rank's own error, for failures.classify
+        raise _first_cause(e.worker_failures) from e
     done = out.read_result()
     if done is None:
         raise RuntimeError(f"the {spec.workers} workers of trial {spec.identity} ended without writing {out.result_json}")
     return done
+
+
+def _first_cause(worker_failures: dict[int, Exception]) -> BaseException:
+    """The error that says why a Ray Train run failed. A rank that died (killed, out of memory:
+    Ray's health check of it failed) takes its peers down with it, each with a "connection reset
+    by peer" that would read as the trial's own fault: the environment's error comes first (the
+    next run resumes the trial), else the lowest rank's."""
+    errors = [getattr(f, "cause", None) or getattr(f, "health_check_failure", None) or f
+              for _, f in sorted(worker_failures.items())]
+    return next((e for e in errors if classify(e)[0] == TRANSIENT), errors[0])
 
 
 def _worker(config: dict[str, Any]) -> None:

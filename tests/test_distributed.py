@@ -97,23 +97,25 @@ def test_two_ranks_reproduce_the_one_process_loss_trajectory(trial_config, tmp_p
     assert worst < 5e-3, worst
 
 
-@pytest.mark.parametrize(("kind", "before", "after"), [("fsdp", 2, 1), ("ddp", 1, 2)])
-def test_a_checkpoint_resumes_under_another_worker_count(trial_config, tmp_path, kind, before, after):
-    """Checkpoints hold the whole model and optimizer in the one-process layout: a trial stopped
-    at step 12 (checkpoint at 10) by `before` workers ends, under `after`, on the losses of an
-    uninterrupted one-process run."""
+@pytest.mark.parametrize(("kind", "before", "after"), [("fsdp", 2, 1), ("ddp", 1, 2), ("ddp", 2, 2)])
+def test_a_checkpoint_resumes_under_the_same_or_another_worker_count(trial_config, tmp_path, kind, before, after):
+    """A trial stopped at step 12 (checkpoint at 10) by `before` workers ends, under `after`, on
+    the losses of an uninterrupted one-process run: one process reads the sharded checkpoint of
+    two FSDP ranks (DCP reshards it), two read one process's checkpoint.pt, and two DDP ranks
+    their own (DCP wrote each replicated tensor once)."""
     trial = trial_config(*STEPS, "train.ckpt_every=10", "train.dtype=fp32", f"train.parallel={kind}")
     _train(trial, tmp_path / "ref", 1)
     with pytest.raises((Interrupted, mp.ProcessRaisedException), match="stopped at step 12"):
         _train(trial, tmp_path / "cut", before, stop_at=12)
-    assert TrialDir(tmp_path / "cut").checkpoint.exists()
+    folder = TrialDir(tmp_path / "cut")
+    assert [folder.checkpoint.exists(), folder.checkpoint_dcp.exists()] == [before == 1, before > 1]
     _train(trial, tmp_path / "cut", after)
     ref, cut = _losses(tmp_path / "ref"), _losses(tmp_path / "cut")
     assert sorted(ref) == sorted(cut)  # the rows after the checkpoint were dropped, then written again
     for step, row in ref.items():
         for key, value in row.items():
             assert cut[step][key] == pytest.approx(value, rel=1e-5), (step, key)
-    assert not TrialDir(tmp_path / "cut").checkpoint.exists()
+    assert not folder.checkpoint.exists() and not folder.checkpoint_dcp.exists()
 
 
 def test_a_dead_worker_is_the_environments_fault():

@@ -4,8 +4,9 @@ CPU, nccl on GPUs).
 
 The loop (trainer/loop.py) asks a `Single` or a `Parallel` for the few things that differ:
 which rows of the global batch this rank trains on, the loss averaged over ranks, the whole
-model for evaluation, probes and model.pt (on rank 0 only), and the checkpoint's state. A
-`Single` returns what the one-process loop always used, so that path is unchanged to the bit.
+model for evaluation, probes and model.pt (on rank 0 only), and the checkpoint: checkpoint.pt
+from one process, a shard per rank in checkpoint.dcp/ from several (trainer/checkpoint.py). A
+`Single` does what the one-process loop always did, so that path is unchanged to the bit.
 
 The numbers do not depend on the worker count: every rank draws the same global batch
 (train.batch_size rows, a pure function of seed and step) and trains on its contiguous slice;
@@ -17,13 +18,22 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from .checkpoint import (
+    commit_sharded,
+    load_checkpoint,
+    load_sharded,
+    read_sharded,
+    save_checkpoint,
+    write_shard,
+)
 from .config import PARALLEL
 
 if TYPE_CHECKING:  # torch is imported where training runs: the sweep driver checks a split without it
     import torch
 
-    from .config import TrialConfig
+    from core.trial_dir import TrialDir
 
+    from .config import TrialConfig
 
 
 class Single:
@@ -46,14 +56,23 @@ class Single:
     def full_model(self, model: torch.nn.Module) -> torch.nn.Module:
         return model
 
-    def state(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
-        return model.state_dict(), optimizer.state_dict()
+    def save(self, folder: TrialDir, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scalars: dict) -> None:
+        save_checkpoint(folder.checkpoint, {**scalars, "model": model.state_dict(), "optimizer": optimizer.state_dict()})
+        folder.drop_sharded_checkpoint()  # several workers' older checkpoint, if this trial had one
 
-    def load(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict | None) -> dict | None:
+    def resume(self, folder: TrialDir, identity: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+               device: torch.device, log) -> dict | None:
+        """The checkpoint's state, loaded into model and optimizer; None without one. A trial
+        that several workers checkpointed resumes from their sharded checkpoint."""
+        state = load_checkpoint(folder.checkpoint, identity, device, log=log)
         if state is not None:
             model.load_state_dict(state["model"])
             optimizer.load_state_dict(state["optimizer"])
-        return state
+            return state
+        scalars = read_sharded(folder, identity, log=log)
+        if scalars is not None:
+            load_sharded(folder, model, optimizer)
+        return scalars
 
 
 class Parallel:
@@ -131,26 +150,46 @@ class Parallel:
         self._whole.load_state_dict(full)
         return self._whole
 
-    def state(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
-        """The whole model's and optimizer's state on rank 0 (empty elsewhere), in the layout a
-        one-process run saves: a checkpoint resumes under any worker count."""
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+    def save(self, folder: TrialDir, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scalars: dict) -> None:
+        """Every rank writes its shard into checkpoint.dcp.new/; once all are written (write_shard
+        returns then), rank 0 adds the scalars and swaps the folder in (trainer/checkpoint.py)."""
+        write_shard(folder, model, optimizer)
+        if self.is_main:
+            commit_sharded(folder, scalars)
+            folder.checkpoint.unlink(missing_ok=True)  # a one-process run's older checkpoint
 
-        msd, osd = get_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        return msd, (_by_index(osd) if self.is_main else {})
+    def resume(self, folder: TrialDir, identity: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+               device: torch.device, log) -> dict | None:
+        """The checkpoint's scalars on every rank, its tensors loaded; None without one. Rank 0
+        checks it first (identity, whole, else set aside). checkpoint.dcp is read by every rank,
+        resharded by DCP if another worker count wrote it; a one-process run's checkpoint.pt is
+        read by rank 0 and broadcast."""
+        found, state = None, None
+        if self.is_main:
+            scalars = read_sharded(folder, identity, log=log)
+            if scalars is not None:
+                found = ("sharded", scalars)
+            else:
+                state = load_checkpoint(folder.checkpoint, identity, device, log=log)
+                if state is not None:
+                    found = ("whole", {k: v for k, v in state.items() if k not in ("model", "optimizer")})
+        found = self.share(found)
+        if found is None:
+            return None
+        if found[0] == "sharded":
+            load_sharded(folder, model, optimizer)
+        else:
+            self._load_whole(model, optimizer, state)
+        return found[1]
 
-    def load(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict | None) -> dict | None:
-        """Rank 0 read the checkpoint (state); every rank gets its tensors (broadcast from rank 0)
-        and its scalars. Returns the state as Single.load does (scalars only off rank 0)."""
+    def _load_whole(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict | None) -> None:
+        """Rank 0's checkpoint.pt (state; None elsewhere) broadcast into every rank's part."""
         from torch.distributed.checkpoint.state_dict import (
             StateDictOptions,
             set_model_state_dict,
             set_optimizer_state_dict,
         )
 
-        scalars = self.share(None if state is None else {k: v for k, v in state.items() if k not in ("model", "optimizer")})
-        if scalars is None:
-            return None
         names = _param_names(model, optimizer)
         msd = state["model"] if self.is_main else {}
         osd = _by_name(state["optimizer"], names) if self.is_main else {}
@@ -159,7 +198,6 @@ class Parallel:
         options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
         set_model_state_dict(model, msd, options=options)
         set_optimizer_state_dict(model, optimizer, osd, options=options)
-        return state if self.is_main else scalars
 
 
 def _param_names(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
@@ -169,17 +207,9 @@ def _param_names(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> li
     return [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
 
 
-def _by_index(osd: dict) -> dict:
-    """torch.distributed.checkpoint's optimizer state (keyed by parameter name) in
-    Optimizer.state_dict()'s layout (parameters numbered in param_groups order)."""
-    order = [name for group in osd["param_groups"] for name in group["params"]]
-    index = {name: i for i, name in enumerate(order)}
-    return {"state": {index[n]: s for n, s in osd["state"].items()},
-            "param_groups": [{**g, "params": [index[n] for n in g["params"]]} for g in osd["param_groups"]]}
-
-
 def _by_name(osd: dict, names: list[str]) -> dict:
-    """The inverse of _by_index, for set_state_dict."""
+    """Optimizer.state_dict()'s layout (parameters numbered in param_groups order) keyed by
+    parameter name, as torch.distributed.checkpoint's set_optimizer_state_dict takes it."""
     return {"state": {names[i]: s for i, s in osd["state"].items()},
             "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in osd["param_groups"]]}
 

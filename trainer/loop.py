@@ -1,8 +1,8 @@
 """One trial: build the model, train it, evaluate and probe on a cadence, checkpoint, resume.
 
 Outputs in the trial folder (core.trial_dir.TrialDir names them): trial.json, metrics.jsonl,
-probes/, checkpoint.pt (removed when done), per_token_losses.npz, model.pt and, last,
-result.json, whose presence means the trial finished.
+probes/, checkpoint.pt (checkpoint.dcp/ from several workers; removed when done),
+per_token_losses.npz, model.pt and, last, result.json, whose presence means the trial finished.
 
 With train.budgets (trainer/schedule.py) the run is the largest budget's, and at each smaller
 budget's fork step it takes a side trip: it checkpoints the stable state, trains that budget's
@@ -24,7 +24,7 @@ import torch
 from core.trial_dir import TrialDir
 from model import Transformer, run_probes
 
-from .checkpoint import load_checkpoint, save_checkpoint
+from .checkpoint import save_checkpoint
 from .config import TrialConfig
 from .distributed import Single
 from .host_memory import retain_freed_memory
@@ -153,8 +153,7 @@ def run_trial(trial: TrialConfig, out_dir: Path, reporter: Reporter | None = Non
         return branch_lr_at(step, main, warmup, trial.optim) if main else lr_at(step, total, trial.optim)
 
     start, best, prior_wall, prior_train = 0, None, 0.0, 0.0
-    state = load_checkpoint(folder.checkpoint, identity, device, log=log) if dist.is_main else None
-    state = dist.load(step_model, optimizer, state)  # off rank 0: its scalars only
+    state = dist.resume(folder, identity, step_model, optimizer, device, log)  # loaded; its step and timers here
     if state is not None:
         start, best = state["step"], state["best_val_loss"]
         prior_wall, prior_train = state["wall_s"], state["train_s"]
@@ -171,12 +170,8 @@ def run_trial(trial: TrialConfig, out_dir: Path, reporter: Reporter | None = Non
         folder.probes.mkdir(exist_ok=True)
 
     def checkpoint(step: int) -> None:
-        model_state, optim_state = dist.state(step_model, optimizer)  # whole, on rank 0
-        if not dist.is_main:
-            return
-        save_checkpoint(folder.checkpoint, {
-            "identity": identity, "step": step, "best_val_loss": best, "model": model_state,
-            "optimizer": optim_state, "wall_s": prior_wall + time.perf_counter() - t0,
+        dist.save(folder, step_model, optimizer, {
+            "identity": identity, "step": step, "best_val_loss": best, "wall_s": prior_wall + time.perf_counter() - t0,
             "train_s": prior_train + timer.elapsed, "budgets_done": sorted(budgets_done),
         })
 
