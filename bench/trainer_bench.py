@@ -51,10 +51,13 @@ class MemoryReporter:
 
 def _targets():
     import trainer.loop as loop
+    from trainer.distributed import Single
     from trainer.tasks import LMTask
 
+    # The periodic checkpoints go through the one-process Single.save; model.pt at the end
+    # through the loop's own save_checkpoint.
     return {"eval": (LMTask, "evaluate"), "per_token_eval": (LMTask, "per_token_losses"),
-            "probes": (loop, "run_probes"), "checkpoints": (loop, "save_checkpoint")}
+            "probes": (loop, "run_probes"), "checkpoints": (Single, "save"), "weights": (loop, "save_checkpoint")}
 
 
 def trial_run(trial, root: Path) -> dict[str, float]:
@@ -71,7 +74,7 @@ def trial_run(trial, root: Path) -> dict[str, float]:
         shutil.rmtree(out, ignore_errors=True)
     train_s = result.tokens / result.tokens_per_s
     eval_s = parts.get("eval", 0.0) + parts.get("per_token_eval", 0.0)
-    probe_s, ckpt_s = parts.get("probes", 0.0), parts.get("checkpoints", 0.0)
+    probe_s, ckpt_s = parts.get("probes", 0.0), parts.get("checkpoints", 0.0) + parts.get("weights", 0.0)
     return {"wall_s": wall, "train_s": train_s, "eval_s": eval_s, "probe_s": probe_s, "ckpt_s": ckpt_s,
             "other_s": wall - train_s - eval_s - probe_s - ckpt_s, "instrument_s": wall - eval_s,
             "tokens": result.tokens, "final_val_loss": result.final_val_loss}
