@@ -42,8 +42,9 @@ def _finite_number(key: str, value: Any) -> None:
 @dataclass(frozen=True)
 class NormConfig:
     type: str = "rmsnorm"
-    # The paper's fix for norm saturation is eps=1e-12; 1e-5 is the common Llama default.
-    eps: float = 1e-5
+    # 1e-12 keeps RMSNorm from saturating when small init makes the residual stream tiny (the
+    # paper's fix); norm.eps=1e-5 is the common Llama default.
+    eps: float = 1e-12
 
     def __post_init__(self) -> None:
         require(self.type in NORM_TYPES, "norm.type", self.type, f"one of {list(NORM_TYPES)}")
@@ -127,11 +128,12 @@ class InitConfig:
 
 @dataclass(frozen=True)
 class ModelConfig:
+    # The defaults are the micro preset's shape (tested), at CPU_VOCAB.
     d_model: int = 256
     n_layers: int = 4
     n_heads: int = 4
     n_kv_heads: int | None = None  # None = n_heads (no GQA)
-    d_ff: int = 688
+    d_ff: int = 704
     vocab_size: int = 4096
     max_seq_len: int = 256
     rope_theta: float = 10000.0

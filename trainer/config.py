@@ -71,13 +71,13 @@ class TrainConfig:
     # The most passes over the corpus's training tokens a budget may take (checked before launch,
     # trainer/data_check.py): past a few, a run measures memorisation, not the paper's question.
     max_epochs: float | None = 4
-    eval_every: int = 20
+    eval_every: int = 25
     # Steps between training rows (loss, lr, grad norm, tokens/s) in metrics.jsonl, the console
     # and W&B; 0 logs them only with each evaluation. Evaluation keeps its own cadence.
     log_every: int = 5
-    eval_tokens: int = 32768
+    eval_tokens: int = 16384
     per_token_eval_tokens: int = 16384
-    probe_every: int = 50
+    probe_every: int = 25
     probe_batch: int = 2
     ckpt_every: int = 50
     device: str = "auto"
