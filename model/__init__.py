@@ -16,6 +16,7 @@ from .config import (
     FFNConfig,
     InitConfig,
     ModelConfig,
+    ModelPreset,
     NormConfig,
 )
 
@@ -42,6 +43,7 @@ __all__ = [
     "InitConfig",
     "Initializer",
     "ModelConfig",
+    "ModelPreset",
     "NormConfig",
     "ProbeResult",
     "Transformer",

@@ -1,7 +1,9 @@
 """Model configuration: one dataclass, validated on construction, with named presets.
 
 Every invalid value raises `ConfigError` naming the field, the value and what is allowed,
-so a bad sweep fails on the driver before any trial is scheduled.
+so a bad sweep fails on the driver before any trial is scheduled. These dataclasses are also
+the schema of conf/ (registered in Hydra's ConfigStore by sweeper/config.py): their defaults
+are the command line's, and `ModelPreset` is what conf/model/*.yaml and `model.*` set.
 """
 
 from __future__ import annotations
@@ -277,3 +279,46 @@ PRESETS: dict[str, ModelConfig] = {
     # A CPU-sized MoE so the MoE path can be exercised and swept without a GPU.
     "micro-moe": _llama(256, 4, 4, ffn=FFNConfig("moe", n_experts=4, top_k=2, d_expert=384), **_cpu),
 }
+
+
+@dataclass(frozen=True)
+class ModelPreset:
+    """A preset and the fields that replace its own: what conf/model/*.yaml and `model.*` on the
+    command line set. None keeps the preset's value; `build` makes the ModelConfig."""
+
+    preset: str = "micro"
+    d_model: int | None = None
+    n_layers: int | None = None
+    n_heads: int | None = None
+    n_kv_heads: int | None = None
+    # None: the preset's, or Llama's 8/3*d_model (rounded up to 64) when d_model is set.
+    d_ff: int | None = None
+    # Set to derive n_heads = d_model / head_dim (width sweeps at a fixed head size).
+    head_dim: int | None = None
+    # None: the trial's (the data's vocabulary; the longer of train.seq_len and the preset's).
+    vocab_size: int | None = None
+    max_seq_len: int | None = None
+    rope_theta: float | None = None
+    tie_embeddings: bool | None = None
+    ffn: FFNConfig | None = None
+
+    def __post_init__(self) -> None:
+        require(self.preset in PRESETS, "model.preset", self.preset, f"one of {sorted(PRESETS)}")
+
+    def build(self, vocab_size: int, seq_len: int, **parts: Any) -> ModelConfig:
+        """The preset with every field set here replaced, a width override carrying what scales
+        with width (d_ff, and n_heads from head_dim); `parts` are norm, attn and init."""
+        base = PRESETS[self.preset]
+        shape = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                 if f.name not in ("preset", "head_dim") and getattr(self, f.name) is not None}
+        d = shape.get("d_model", base.d_model)
+        if "d_model" in shape and "d_ff" not in shape and isinstance(d, int) and d > 0:
+            shape["d_ff"] = llama_d_ff(d)
+        if self.head_dim is not None:
+            require(isinstance(self.head_dim, int) and self.head_dim > 0 and isinstance(d, int) and d % self.head_dim == 0,
+                    "model.head_dim", self.head_dim, f"must be a positive integer dividing model.d_model ({d})")
+            require("n_heads" not in shape, "model.n_heads", self.n_heads, "leave null when model.head_dim is set")
+            shape["n_heads"] = d // self.head_dim
+        shape.setdefault("vocab_size", vocab_size)
+        shape.setdefault("max_seq_len", max(seq_len, base.max_seq_len))
+        return base.replace(**shape, **parts)

@@ -19,6 +19,7 @@ from core.trial_dir import TrialDir
 from trainer.config import trial_config_from_dict
 from trainer.distributed import check_split
 
+from .precheck import hydra_error
 from .space import SweepSpace
 from .trainable import TrialSpec
 
@@ -37,7 +38,7 @@ class Composer:
         try:
             cfg = self.loader.load_sweep_config(self.base, overrides)
         except HydraException as e:
-            raise ConfigError(first_line(e)) from None
+            raise ConfigError(hydra_error(e, overrides)) from None
         return overrides, cfg
 
     def spec(self, params: dict[str, Any], write: bool = False) -> TrialSpec:

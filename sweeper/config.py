@@ -1,4 +1,5 @@
-"""The sweeper's settings, registered in Hydra's ConfigStore as hydra/sweeper=smallinit.
+"""The sweeper's settings, registered in Hydra's ConfigStore as hydra/sweeper=smallinit (with
+conf/'s schema, sweeper/schema.py).
 
     hydra.sweeper.n_trials=20            trials of an Optuna search (grids run every point)
     hydra.sweeper.sampler=tpe            tpe | random | gp | grid
@@ -9,7 +10,7 @@
     hydra.sweeper.protocol.tune=[optim.lr] hydra.sweeper.protocol.tune_seeds=[100]
     hydra.sweeper.protocol.confirm_seeds=[1,2,3,4]
                                          select, then confirm (sweeper/protocol.py)
-Ray and W&B settings are top-level keys (ray.*, wandb.*) in conf/config.yaml.
+Ray and W&B settings are top-level keys (ray.*, wandb.*: sweeper/schema.py).
 """
 
 from __future__ import annotations
@@ -84,7 +85,10 @@ def check_sweeper_conf(conf: SmallinitSweeperConf) -> None:
 def register() -> None:
     from hydra.core.config_store import ConfigStore
 
+    from . import schema
+
     ConfigStore.instance().store(group="hydra/sweeper", name="smallinit", node=SmallinitSweeperConf, provider="smallinit")
+    schema.register()
 
 
 def sweeper_conf_from(kwargs: dict[str, Any]) -> SmallinitSweeperConf:

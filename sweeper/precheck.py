@@ -1,9 +1,11 @@
-"""One-line errors for overrides Hydra itself rejects (unknown keys, unknown options).
+"""One-line errors for what Hydra itself rejects: unknown options, and the keys and types the
+schema (sweeper/schema.py) does not allow, from an override or a conf file.
 
 Hydra reports these as multi-line messages from inside its own main. sweep.py calls
 `precheck(argv)` first: it composes the config once with every override (a sweep's first
 value standing in for the sweep) and turns Hydra's exception into one line naming the key,
-the value and what is allowed. Value checks (gamma > 0, ...) stay with the typed configs.
+the value and what is allowed (`hydra_error`, which the sweeper uses for every grid point).
+Value checks (gamma > 0, ...) stay with the typed configs.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from hydra.errors import HydraException, MissingConfigException, OverrideParseEx
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
 
 from core.errors import ConfigError, first_line, require
+
+from . import schema
 
 # Flags that take a value or change what is composed: leave those command lines to Hydra.
 _HYDRA_FLAGS = ("-cn", "--config-name", "-cp", "--config-path", "-cd", "--config-dir", "--info", "-i",
@@ -57,23 +61,35 @@ def _stand_in(line: str, parser: OverridesParser) -> str:
     return f"{key}={first}"
 
 
-def _one_line(e: BaseException, overrides: list[str]) -> str:
+def hydra_error(e: BaseException, overrides: list[str]) -> str:
+    """One line for what Hydra refused while composing with these overrides: the key, the value
+    and what is allowed (the options of a group, the keys of a section, the type of a value)."""
     if isinstance(e, MissingConfigException) and e.options is not None:
         group = (e.missing_cfg_file or "").rsplit("/", 1)[0]
-        given = next((o for o in reversed(overrides) if o.split("=", 1)[0].lstrip("+~") == group), group)
+        given = _given(group, overrides) or group
         options = sorted(o for o in e.options if not o.startswith("_"))  # _base etc. are internal
         return f"{given} is invalid: one of {options}"
-    cause = e.__cause__
+    cause = e.__cause__ or e.__context__  # an override's error, or a conf file's (raised in an except)
     if isinstance(cause, ConfigKeyError | ConfigAttributeError) and cause.full_key:
         key = cause.full_key
-        given = next((o for o in reversed(overrides) if o.split("=", 1)[0].lstrip("+~") == key), key)
         parent = key.rsplit(".", 1)[0] if "." in key else "the root config"
-        return f"{given} is invalid: {parent} has no key {key.rsplit('.', 1)[-1]!r} (check the spelling)"
-    if isinstance(cause, ValidationError) and cause.full_key:  # a value of the wrong type
-        given = next((o for o in reversed(overrides) if o.split("=", 1)[0].lstrip("+~") == cause.full_key),
-                     cause.full_key)
-        return f"{given} is invalid: {first_line(cause)}"
+        known = schema.known_keys(cause.object_type)
+        return (f"{_given(key, overrides) or key} is invalid: {parent} has no key {key.rsplit('.', 1)[-1]!r} "
+                + (f"(one of {known})" if known else "(check the spelling)"))
+    if isinstance(cause, ValidationError):  # a value of the wrong type
+        # An element of a list given on the command line is reported without its list's key.
+        merging = re.match(r"Error merging override (\S+)", str(e))
+        key = merging.group(1).split("=", 1)[0].lstrip("+~") if merging else re.sub(r"\[\d+\]$", "", cause.full_key or "")
+        if key:
+            what = schema.allowed(key, cause.object_type if key == cause.full_key else None)
+            return f"{_given(key, overrides) or f'{key}={cause.value!r}'} is invalid: " + (
+                f"must be {what}" if what else first_line(cause))
     return first_line(e)
+
+
+def _given(key: str, overrides: list[str]) -> str | None:
+    """The last override of key, as the user wrote it."""
+    return next((o for o in reversed(overrides) if o.split("=", 1)[0].lstrip("+~") == key), None)
 
 
 def _refuse_new_keys(lines: list[str], conf_dir: Path) -> None:
@@ -102,5 +118,5 @@ def precheck(argv: list[str], conf_dir: Path, config_name: str = "config") -> No
         with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
             cfg = compose(config_name, overrides=stand_ins)
     except (HydraException, ConfigKeyError) as e:
-        raise ConfigError(_one_line(e, lines)) from None
+        raise ConfigError(hydra_error(e, lines)) from None
     check_name(cfg.get("name"))

@@ -36,9 +36,12 @@ def test_each_data_yaml_becomes_its_class_and_round_trips(compose, user_files):
         given = compose(*overrides)["data"]
         data = data_config_from_dict(given)
         assert type(data) is cls
-        assert data.to_dict() == given and list(data.to_dict()) == list(given)  # same keys, same order
+        assert list(data.to_dict()) == list(given)  # same keys, same order
+        # The same values, but for the cache folder, which null leaves to SMALLINIT_CACHE.
+        assert data.to_dict() == ({**given, "cache_dir": data.cache_dir} if "cache_dir" in given else given)
+        assert data_config_from_dict(data.to_dict()) == data  # a trial's record gives its data back
         trial = trial_config_from_dict(compose(*overrides))
-        assert trial.data == data and trial.to_dict()["data"] == given
+        assert trial.data == data and trial.to_dict()["data"] == data.to_dict()
         assert trial.model.vocab_size == data.vocab_size
 
 
@@ -67,3 +70,11 @@ def test_bad_data_dict_names_the_key(given, message):
 def test_missing_task_and_corpus_mean_the_bundled_corpus():
     assert data_config_from_dict({}) == BilingualData()
     assert data_config_from_dict({"vocab_size": 2048}) == BilingualData(vocab_size=2048)
+
+
+def test_the_cache_folder_is_smallinit_cache_else_the_users(monkeypatch):
+    monkeypatch.setenv("SMALLINIT_CACHE", "/data/cache")
+    assert BilingualData().cache_dir == "/data/cache"
+    monkeypatch.delenv("SMALLINIT_CACHE")
+    assert BilingualData().cache_dir == "~/.cache/smallinit"
+    assert BilingualData(cache_dir="/x").cache_dir == "/x"

@@ -1,4 +1,10 @@
-"""Typed trial configuration, built from the composed Hydra config on the driver.
+"""Typed trial configuration: what a user sets (`TrialArgs`) and the trial it builds (`TrialConfig`).
+
+`TrialArgs` mirrors conf/: a model preset and its overrides, init, norm, attn, data, optim and
+train. Its dataclasses are the schema Hydra composes against (sweeper/config.py registers them),
+so their defaults are the command line's: `TrialArgs().build()` is the trial `python sweep.py`
+trains. `build()` is the one place settings are derived from each other (the preset's shape,
+the data's vocabulary, budgets per parameter).
 
 A `TrialConfig` is plain frozen dataclasses: it pickles across Ray processes with no Hydra
 state, and its `identity()` (a hash of everything that changes the numbers, minus hardware
@@ -11,17 +17,18 @@ import dataclasses
 import hashlib
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from core.errors import ConfigError, require
+from core.errors import require
 from model.config import (
     AttnConfig,
     FFNConfig,
     InitConfig,
     ModelConfig,
+    ModelPreset,
     NormConfig,
-    llama_d_ff,
 )
 
 from .data_config import BilingualData, DataConfig, data_config_from_dict
@@ -35,19 +42,23 @@ PARALLEL = ("ddp", "fsdp")
 
 @dataclass(frozen=True)
 class OptimConfig:
+    """optim.*: AdamW with a learning-rate schedule (conf/optim/adamw.yaml is these defaults)."""
+
     lr: float = 3e-3
     betas: tuple[float, float] = (0.9, 0.95)
     eps: float = 1e-8
-    weight_decay: float = 0.1
-    grad_clip: float | None = 1.0
-    schedule: str = "cosine"
-    warmup_frac: float = 0.05
-    decay_frac: float = 0.2
-    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.1  # applied to matrices and the embedding, not to norm gains or biases
+    grad_clip: float | None = 1.0  # global L2 norm; null disables
+    schedule: str = "cosine"  # cosine | wsd | constant
+    warmup_frac: float = 0.05  # fraction of steps with linear warmup
+    decay_frac: float = 0.2  # wsd only: fraction of steps in the final linear decay
+    min_lr_ratio: float = 0.1  # final lr = lr * min_lr_ratio
 
     def __post_init__(self) -> None:
         require(isinstance(self.lr, int | float) and math.isfinite(self.lr) and self.lr > 0, "optim.lr", self.lr, "must be a number > 0")
-        require(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), "optim.betas", self.betas, "two numbers in [0, 1)")
+        require(isinstance(self.betas, list | tuple) and len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas),
+                "optim.betas", self.betas, "two numbers in [0, 1)")
+        object.__setattr__(self, "betas", tuple(self.betas))
         require(self.eps >= 0, "optim.eps", self.eps, "must be >= 0")
         require(self.weight_decay >= 0, "optim.weight_decay", self.weight_decay, "must be >= 0")
         require(self.grad_clip is None or self.grad_clip > 0, "optim.grad_clip", self.grad_clip, "must be > 0 or null")
@@ -59,32 +70,36 @@ class OptimConfig:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    seed: int = 0
+    """train.*: the budget, evaluation, probes and where it runs. The defaults are conf/train/cpu.yaml,
+    sized so one micro trial takes about a minute on one CPU core."""
+
+    seed: int = 0  # data order (conf/config.yaml sets it to the top-level seed)
     batch_size: int = 16
     seq_len: int = 128
     grad_accum: int = 1
-    max_tokens: int | None = 122_880
-    max_steps: int | None = None
-    # Budget as tokens per parameter (Chinchilla's rule of thumb is 20); sets max_tokens
-    # from the model's size when given.
+    max_tokens: int | None = 122_880  # budget in tokens (60 steps) ...
+    max_steps: int | None = None  # ... or in optimizer steps (wins when set)
+    # ... or per parameter (Chinchilla's rule of thumb is 20; wins over both): sets max_tokens
+    # from the model's size when the trial is built.
     tokens_per_param: float | None = None
     # The most passes over the corpus's training tokens a budget may take (checked before launch,
     # trainer/data_check.py): past a few, a run measures memorisation, not the paper's question.
     max_epochs: float | None = 4
-    eval_every: int = 25
+    eval_every: int = 25  # steps between validation passes
     # Steps between training rows (loss, lr, grad norm, tokens/s) in metrics.jsonl, the console
     # and W&B; 0 logs them only with each evaluation. Evaluation keeps its own cadence.
     log_every: int = 5
-    eval_tokens: int = 16384
-    per_token_eval_tokens: int = 16384
-    probe_every: int = 25
-    probe_batch: int = 2
-    ckpt_every: int = 50
-    device: str = "auto"
+    eval_tokens: int = 16384  # fixed validation tokens scored at each pass
+    per_token_eval_tokens: int = 16384  # tokens whose per-token losses are saved at the end
+    probe_every: int = 25  # steps between probes (0 disables)
+    probe_batch: int = 2  # sequences the activation probes see
+    ckpt_every: int = 50  # steps between checkpoints (0 = only at the end)
+    device: str = "auto"  # auto | cpu | cuda
+    # auto: bf16 autocast on CUDA and on CPUs with fast bf16 matmuls, else fp32 (trainer/precision.py).
     dtype: str = "auto"
     compile: bool = False
-    threads: int | None = None
-    peak_tflops: float | None = None
+    threads: int | None = None  # torch intra-op threads (null = torch's default)
+    peak_tflops: float | None = None  # for MFU; null = known GPUs only (H100/H200/A100), CPU reports none
     # With ray.workers_per_trial > 1: how the workers share the model (trainer/distributed.py):
     # ddp keeps a whole copy on each, fsdp shards it per block. Hardware: not in the identity.
     parallel: str = "ddp"
@@ -109,6 +124,8 @@ class TrainConfig:
         # As init.seed: the eval sampler seeds a torch.Generator (64 bits) with seed * 1_000_003 + i,
         # and results.parquet holds the seed as int64.
         require(self.seed < 2**32, "train.seed", self.seed, "must be an integer in [0, 2^32)")
+        require(self.tokens_per_param is None or (isinstance(self.tokens_per_param, int | float) and self.tokens_per_param > 0),
+                "train.tokens_per_param", self.tokens_per_param, "must be > 0 or null")
         require(isinstance(self.cooldown_frac, int | float) and 0 < self.cooldown_frac < 1,
                 "train.cooldown_frac", self.cooldown_frac, "must be a number in (0, 1)")
         if self.budgets_per_param is not None:
@@ -221,72 +238,60 @@ class TrialConfig:
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
-_SHAPE_KEYS = ("d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "vocab_size", "max_seq_len", "rope_theta", "tie_embeddings")
+@dataclass(frozen=True)
+class TrialArgs:
+    """What a user sets, as conf/ holds it; `build()` makes the trial. The defaults are the
+    command line's: TrialArgs().build() is the trial `python sweep.py` trains."""
+
+    model: ModelPreset = field(default_factory=ModelPreset)
+    init: InitConfig = field(default_factory=InitConfig)
+    norm: NormConfig = field(default_factory=NormConfig)
+    attn: AttnConfig = field(default_factory=AttnConfig)
+    data: DataConfig = field(default_factory=BilingualData)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+    @classmethod
+    def from_dict(cls, cfg: Mapping[str, Any]) -> TrialArgs:
+        """From a composed config as a plain dict, its keys and types already checked against
+        this schema by Hydra; the keys that are not the trial's (name, seed, ray, ...) are ignored."""
+        model = dict(cfg["model"])
+        ffn = _ffn(model.pop("ffn", None))
+        return cls(model=ModelPreset(**model, ffn=ffn),
+                   data=data_config_from_dict(cfg["data"]), train=TrainConfig(**cfg["train"]),
+                   norm=NormConfig(**cfg["norm"]), attn=AttnConfig(**cfg["attn"]), init=InitConfig(**cfg["init"]),
+                   optim=OptimConfig(**cfg["optim"]))
+
+    def build(self) -> TrialConfig:
+        """The trial: the preset's shape with its overrides (ModelPreset.build), the data's
+        vocabulary, and a budget per parameter turned into tokens of this model."""
+        data, train = self.data, self.train
+        model = self.model.build(data.vocab_size, train.seq_len, norm=self.norm, attn=self.attn, init=self.init)
+        require(model.vocab_size >= data.vocab_size, "model.vocab_size", model.vocab_size,
+                f"must be >= the data's vocabulary ({data.vocab_size})")
+        if train.tokens_per_param is not None:
+            budget = int(train.tokens_per_param * model.num_params(active=True))
+            train = dataclasses.replace(train, max_tokens=max(budget, train.tokens_per_step), max_steps=None)
+        if train.budgets_per_param is not None:
+            n, tps = model.replace(attn=AttnConfig()).num_params(active=True), train.tokens_per_step
+            budgets = [max(1, int(k * n) // tps) * tps for k in train.budgets_per_param]
+            train = dataclasses.replace(train, budgets=budgets, budgets_per_param=None, max_steps=None)
+        require(train.seq_len <= model.max_seq_len, "train.seq_len", train.seq_len, f"must be <= model.max_seq_len ({model.max_seq_len})")
+        return TrialConfig(model=model, optim=self.optim, train=train, data=data, preset=self.model.preset)
 
 
-def _only_known(section: str, given: dict[str, Any], cls: type) -> dict[str, Any]:
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(given) - known)
-    if unknown:
-        raise ConfigError(f"{section}.{unknown[0]} is not a known key: one of {sorted(known)}")
-    return given
+def _ffn(given: Any) -> FFNConfig | None:
+    """model.ffn, which the schema leaves untyped (sweeper/schema.py): null, or a mapping of
+    FFNConfig's keys."""
+    if given is None:
+        return None
+    known = [f.name for f in dataclasses.fields(FFNConfig)]
+    require(isinstance(given, Mapping) and set(given) <= set(known), "model.ffn", given,
+            f"null (the preset's) or a mapping of {known}")
+    return FFNConfig(**given)
 
 
-def _derive_width(shape: dict[str, Any], head_dim: Any, base: ModelConfig) -> None:
-    """A width override carries what scales with width: the SwiGLU hidden size (unless
-    model.d_ff is given) and, with model.head_dim, the head count."""
-    d = shape.get("d_model", base.d_model)
-    if "d_model" in shape and "d_ff" not in shape and isinstance(d, int) and d > 0:
-        shape["d_ff"] = llama_d_ff(d)
-    if head_dim is not None:
-        require(isinstance(head_dim, int) and head_dim > 0 and isinstance(d, int) and d % head_dim == 0,
-                 "model.head_dim", head_dim, f"must be a positive integer dividing model.d_model ({d})")
-        require("n_heads" not in shape, "model.n_heads", shape.get("n_heads"), "leave null when model.head_dim is set")
-        shape["n_heads"] = d // head_dim
-
-
-def trial_config_from_dict(cfg: dict[str, Any]) -> TrialConfig:
-    """Build and validate a TrialConfig from a resolved config dict (the composed Hydra
-    config as a plain container). Raises ConfigError naming key, value and what is allowed."""
-    m = dict(cfg["model"])
-    preset = m.pop("preset")
-    ffn = m.pop("ffn", None)
-    head_dim = m.pop("head_dim", None)
-    shape = {k: v for k, v in _only_known("model", m, ModelConfig).items() if v is not None}
-    _derive_width(shape, head_dim, ModelConfig.preset(preset))
-    overrides: dict[str, Any] = dict(shape)
-    if ffn is not None:
-        overrides["ffn"] = FFNConfig(**_only_known("model.ffn", dict(ffn), FFNConfig))
-    data = data_config_from_dict(cfg["data"])
-    train = TrainConfig(**_only_known("train", dict(cfg["train"]), TrainConfig))
-    # The data decides the vocabulary: the model gets data.vocab_size unless model.vocab_size
-    # is set, which must then cover it.
-    overrides.setdefault("vocab_size", data.vocab_size)
-    require(
-        overrides["vocab_size"] >= data.vocab_size,
-        "model.vocab_size",
-        overrides["vocab_size"],
-        f"must be >= the data's vocabulary ({data.vocab_size})",
-    )
-    overrides.setdefault("max_seq_len", max(train.seq_len, ModelConfig.preset(preset).max_seq_len))
-    model = ModelConfig.preset(
-        preset,
-        norm=NormConfig(**_only_known("norm", dict(cfg["norm"]), NormConfig)),
-        attn=AttnConfig(**_only_known("attn", dict(cfg["attn"]), AttnConfig)),
-        init=InitConfig(**_only_known("init", dict(cfg["init"]), InitConfig)),
-        **overrides,
-    )
-    if train.tokens_per_param is not None:
-        require(train.tokens_per_param > 0, "train.tokens_per_param", train.tokens_per_param, "must be > 0 or null")
-        budget = int(train.tokens_per_param * model.num_params(active=True))
-        train = dataclasses.replace(train, max_tokens=max(budget, train.tokens_per_step), max_steps=None)
-    if train.budgets_per_param is not None:
-        n, tps = model.replace(attn=AttnConfig()).num_params(active=True), train.tokens_per_step
-        budgets = [max(1, int(k * n) // tps) * tps for k in train.budgets_per_param]
-        train = dataclasses.replace(train, budgets=budgets, budgets_per_param=None, max_steps=None)
-    require(train.seq_len <= model.max_seq_len, "train.seq_len", train.seq_len, f"must be <= model.max_seq_len ({model.max_seq_len})")
-    optim_d = dict(_only_known("optim", dict(cfg["optim"]), OptimConfig))
-    if "betas" in optim_d:
-        optim_d["betas"] = tuple(optim_d["betas"])
-    optim = OptimConfig(**optim_d)
-    return TrialConfig(model=model, optim=optim, train=train, data=data, preset=preset)
+def trial_config_from_dict(cfg: Mapping[str, Any]) -> TrialConfig:
+    """The trial of a composed config (the resolved Hydra config as a plain dict), as sweep.py,
+    the sweeper and --show build it. Raises ConfigError naming key, value and what is allowed."""
+    return TrialArgs.from_dict(cfg).build()

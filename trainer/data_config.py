@@ -6,14 +6,15 @@
     AnchorData     the anchor-function task                 conf/data/anchor.yaml
                    (defined beside its recipe in trainer/anchor_task.py)
 
-`data_config_from_dict` picks the class from the dict's `task` and `corpus` and validates the
-rest, so a bad value fails on the driver when the trial config is made. Every class has
-`task` and `vocab_size`, and `to_dict()` gives back the dict it was made from, key for key:
-the trial's identity hashes that dict, and finished trials are found by their identity.
+Each class is the schema of its conf/data file. Its `task` and `corpus` are fixed fields (not
+settings) that name the class in a composed config and in a trial's record:
+`data_config_from_dict` picks the class from them and validates the rest. `to_dict()` gives
+back that dict, key for key: the trial's identity hashes it, and finished trials are found by
+their identity.
 
-The three corpora share bilingual.yaml's keys even where a key does nothing for a kind
-(dtype outside "tokens"), because dropping one would change the identity of trials already
-run. The module needs no torch: the sweep driver imports it.
+The three corpora share the same keys even where a key does nothing for a kind (dtype outside
+"tokens"), because dropping one would change the identity of trials already run. The module
+needs no torch: the sweep driver imports it.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import dataclasses
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -40,18 +41,22 @@ MIN_TEXT_VOCAB = 257  # 256 byte tokens + <|endoftext|>
 class CorpusData:
     """Language modelling on a corpus: the settings every corpus kind has."""
 
-    task: ClassVar[str] = "lm"
-    corpus: ClassVar[str]
+    task: str = field(default="lm", init=False)
+    corpus: str = field(default="", init=False)
     min_vocab: ClassVar[int] = MIN_TEXT_VOCAB  # the smallest vocabulary the corpus can have
-    paths: tuple[str, ...] = ()
+    # Files or globs; one path alone (data.paths=/one/dir on the command line) is a list of one.
+    paths: tuple[str, ...] | str = ()
     dtype: str = "uint16"  # only for corpus "tokens": element type of the .bin files
     vocab_size: int = 4096
     val_fraction: float = 0.05
     split_seed: int = 0
-    cache_dir: str = "~/.cache/smallinit"
+    # Where prepared corpora are cached; None: $SMALLINIT_CACHE, else ~/.cache/smallinit.
+    cache_dir: str | None = None
 
     def __post_init__(self) -> None:
-        if isinstance(self.paths, str):  # data.paths=/one/dir on the command line: one entry
+        if self.cache_dir is None:
+            object.__setattr__(self, "cache_dir", os.environ.get("SMALLINIT_CACHE") or "~/.cache/smallinit")
+        if isinstance(self.paths, str):
             object.__setattr__(self, "paths", (self.paths,))
         if not all(isinstance(p, str) for p in self.paths):
             raise ConfigError(f"data.paths={self.paths!r} is invalid: a list of file paths or globs")
@@ -88,14 +93,14 @@ class CorpusData:
         return out
 
     def to_dict(self) -> dict[str, Any]:
-        return {"task": self.task, "corpus": self.corpus, **dataclasses.asdict(self), "paths": list(self.paths)}
+        return {**dataclasses.asdict(self), "paths": list(self.paths)}
 
 
 @dataclass(frozen=True)
 class BilingualData(CorpusData):
     """The bundled corpus: the King James Bible and People's Daily (see trainer/corpus.py)."""
 
-    corpus: ClassVar[str] = "bilingual"
+    corpus: str = field(default="bilingual", init=False)
 
     def _check_paths(self) -> None:
         require(not self.paths, "data.paths", self.paths, "empty for corpus 'bilingual'")
@@ -106,7 +111,7 @@ class TextData(CorpusData):
     """Your own text: .txt files (split into documents at blank lines) or .jsonl with a
     "text" field, tokenised by a BPE trained on them."""
 
-    corpus: ClassVar[str] = "text"
+    corpus: str = field(default="text", init=False)
 
     def _check_paths(self) -> None:
         super()._check_paths()
@@ -126,9 +131,9 @@ class TokensData(CorpusData):
     concatenated training tokens.
     """
 
-    corpus: ClassVar[str] = "tokens"
+    corpus: str = field(default="tokens", init=False)
     min_vocab: ClassVar[int] = 2
-    val_paths: tuple[str, ...] = ()
+    val_paths: tuple[str, ...] | str = ()
 
     def __post_init__(self) -> None:
         val = (self.val_paths,) if isinstance(self.val_paths, str) else self.val_paths
@@ -192,8 +197,9 @@ CORPORA: dict[str, type[CorpusData]] = {c.corpus: c for c in (BilingualData, Tex
 
 
 def data_config_from_dict(given: Mapping[str, Any]) -> DataConfig:
-    """The typed settings of a resolved `data:` section. A dict without `task` means "lm",
-    one without `corpus` the bundled corpus; a key the kind does not have is an error."""
+    """The typed settings of a `data:` section (a composed config's, or a trial record's
+    `to_dict()`). A dict without `task` means "lm", one without `corpus` the bundled corpus; a
+    key the kind does not have is an error."""
     settings = dict(given)
     task = settings.pop("task", "lm")
     require(task in TASKS, "data.task", task, f"one of {list(TASKS)}")
@@ -203,7 +209,7 @@ def data_config_from_dict(given: Mapping[str, Any]) -> DataConfig:
         corpus = settings.pop("corpus", "bilingual")
         require(corpus in CORPORA, "data.corpus", corpus, f"one of {list(CORPORA)}")
         cls, kind = CORPORA[corpus], f"corpus {corpus!r}"
-    known = [f.name for f in dataclasses.fields(cls)]
+    known = [f.name for f in dataclasses.fields(cls) if f.init]
     unknown = sorted(set(settings) - set(known))
     if unknown:
         raise ConfigError(f"data.{unknown[0]} is not a known key for {kind}: one of {known}")
