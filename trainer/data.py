@@ -136,7 +136,7 @@ def prepare(cfg: CorpusData, log=print) -> PreparedData:
             meta.update(_build_text(cfg, tmp))
         meta["prepare_seconds"] = round(time.perf_counter() - t0, 2)
         if cfg.corpus != "tokens":  # what a cache hit checks (cache_damage)
-            meta["files"] = {p.name: {"bytes": p.stat().st_size, "sha256": _sha256(p)}
+            meta["files"] = {p.name: {"bytes": p.stat().st_size, "sha256": shards.file_sha256(p)}
                              for p in sorted(tmp.iterdir()) if p.is_file()}
         (tmp / "meta.json").write_text(json.dumps(meta, indent=1, ensure_ascii=False))
         try:
@@ -180,17 +180,9 @@ def cache_damage(d: Path) -> str | None:
         size = path.stat().st_size
         if size != want["bytes"]:
             return f"{name} holds {size:,} bytes, {want['bytes']:,} were written"
-        if "sha256" in want and size <= HASH_CHECK_BYTES and _sha256(path) != want["sha256"]:
+        if "sha256" in want and size <= HASH_CHECK_BYTES and shards.file_sha256(path) != want["sha256"]:
             return f"{name} changed since it was written (sha256)"
     return None
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _load(d: Path) -> PreparedData:
