@@ -7,10 +7,12 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -169,10 +171,16 @@ def test_a_request_no_node_can_meet_is_refused_before_ray_starts(tmp_path, data_
 
         if torch.cuda.is_available():
             pytest.skip("this machine has a GPU")
-    session = ray_session()
-    proc = sweep(tmp_path, data_cache, "init.gamma=0.5,1.0", *args, "name=big", timeout=180)
-    assert proc.returncode == 1 and message in error_line(proc), proc.stderr[-2000:]
-    assert not (tmp_path / "sweeps").exists() and ray_session() == session
+    # Its own Ray temp folder (short: Ray's socket paths), so another process starting a Ray on
+    # this machine cannot look like this command's.
+    ray_tmp = Path(tempfile.mkdtemp(prefix="ray-", dir="/tmp"))
+    try:
+        proc = sweep(tmp_path, data_cache, "init.gamma=0.5,1.0", *args, "name=big", timeout=180,
+                     env={"RAY_TMPDIR": str(ray_tmp)})
+        assert proc.returncode == 1 and message in error_line(proc), proc.stderr[-2000:]
+        assert not (tmp_path / "sweeps").exists() and not any(ray_tmp.glob("ray/session_*"))
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
 
 
 @pytest.mark.slow
