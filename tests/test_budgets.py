@@ -21,7 +21,7 @@ from trainer.config import OptimConfig
 from trainer.loop import run_trial
 from trainer.schedule import Branch, branch_lr_at, budget_branches, lr_at
 
-from .conftest import REPO, TINY
+from .conftest import REPO, TINY, sweep
 
 # TINY trains 128 tokens a step: budgets of 10, 20 and 22 steps, cooldowns of 2, 4 and 4 steps,
 # forks at steps 8, 16 and 18. The last budget forks (18) before the middle one ends (20).
@@ -240,8 +240,6 @@ def test_the_results_table_has_a_row_per_budget(trial_config, tmp_path):
 @pytest.mark.slow
 def test_a_sweep_with_budgets_writes_a_row_per_budget(data_cache, tmp_path):
     import optuna
-
-    from .test_sweep import sweep
 
     # 8 steps: budgets of 4 and 8 steps, cooldowns of 1 and 2, forks at 3 and 6.
     proc = sweep(tmp_path, data_cache, "optim.schedule=wsd", "train.budgets=[512,1024]", "train.cooldown_frac=0.25",

@@ -13,8 +13,7 @@ from pathlib import Path
 
 from sweeper.cluster import OWNER_VAR
 
-from .conftest import REPO
-from .test_sweep import CARD, TINY_SWEEP
+from .conftest import CARD, REPO, TINY_SWEEP
 
 
 def session_pids(driver_pid: int) -> list[int]:

@@ -20,8 +20,7 @@ import optuna
 import pandas as pd
 import pytest
 
-from .conftest import REPO, run_cli
-from .test_sweep import TINY_SWEEP, study_trials, sweep
+from .conftest import REPO, TINY_SWEEP, error_line, run_cli, study_trials, sweep
 
 # Trials long enough (about half a minute each here) to stop or race a driver while they run.
 SLOW = ["train.max_tokens=8192", "train.eval_every=16", "train.probe_every=0", "train.ckpt_every=8",
@@ -45,13 +44,6 @@ def wait_for(predicate, driver: subprocess.Popen, timeout: float = 300) -> None:
 def ray_session() -> Path:
     """The latest local Ray session: unchanged by a command that never started Ray."""
     return Path(os.environ.get("RAY_TMPDIR", "/tmp"), "ray", "session_latest").resolve()
-
-
-def error_line(proc) -> str:
-    """The refusal: exactly one line on stderr, `error: ...`."""
-    lines = [line for line in proc.stderr.splitlines() if line.strip() and "WARNING" not in line]
-    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr[-3000:]
-    return lines[0]
 
 
 # ---- 1. exit status ----

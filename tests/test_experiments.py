@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import pytest
-from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from sweeper import protocol
 from sweeper.config import ProtocolConf
 from sweeper.space import parse_sweep
-from trainer.config import trial_config_from_dict
 
-from .conftest import CONF
+from .conftest import compose_with_hydra, grid_trials, trial_of
 
 # experiment -> (grid size, preset(s)). A select-then-confirm experiment's grid is its
 # settings x the tuned lrs (the seeds come from hydra.sweeper.protocol): stage 1's first round.
@@ -34,24 +32,6 @@ EXPECTED = {
 # The CPU records run select, then confirm: experiment -> (stage 1's first round, stage 2) trials.
 STAGES = {"gamma_scan": (12, 24), "eps_fix": (6, 8), "gate": (12, 16), "moe": (6, 16), "anchor": (12, 16),
           "width_trend": (18, 24)}
-
-
-def _compose(overrides):
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return compose("config", overrides=overrides, return_hydra_config=True)
-
-
-def trial_of(experiment, *overrides):
-    container = OmegaConf.to_container(_compose([f"+experiment={experiment}", *overrides]), resolve=False)
-    container.pop("hydra")
-    return trial_config_from_dict(OmegaConf.to_container(OmegaConf.create(container), resolve=True))
-
-
-def grid_trials(experiment):
-    base = _compose([f"+experiment={experiment}"])
-    params = OmegaConf.to_container(base.hydra.sweeper.params)
-    space = parse_sweep([], params)
-    return base, [trial_of(experiment, *space.overrides_for(point)) for point in space.grid()]
 
 
 @pytest.mark.parametrize("experiment", list(EXPECTED))
@@ -84,7 +64,7 @@ def test_eps_fix_runs_at_a_width_where_saturation_bites(data_cache):
 
 def plan(experiment):
     """(base config, its protocol, its sweep space): what the sweeper reads."""
-    base = _compose([f"+experiment={experiment}"])
+    base = compose_with_hydra([f"+experiment={experiment}"])
     conf = ProtocolConf(**OmegaConf.to_container(base.hydra.sweeper.protocol))
     return base, conf, parse_sweep([], OmegaConf.to_container(base.hydra.sweeper.params))
 

@@ -9,19 +9,12 @@ import shutil
 import subprocess
 
 import optuna
-import pandas as pd
 import pytest
 
 from core.files import atomic_write
 from sweeper import failures
 
-from .test_sweep import result_mtimes, study_trials, sweep
-
-DIVERGES = ["optim.lr=1e12", "optim.grad_clip=null", "optim.warmup_frac=0", "train.max_tokens=4096"]
-
-
-def table(tmp_path, name: str) -> pd.DataFrame:
-    return pd.read_parquet(tmp_path / "sweeps" / name / "results.parquet")
+from .conftest import DIVERGES, result_mtimes, study_trials, sweep, table
 
 
 def _torch_style_disk_full(f):

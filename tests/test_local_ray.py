@@ -15,8 +15,7 @@ import pytest
 from core.errors import ConfigError
 from sweeper import cluster, ray_internals, resources
 
-from .test_driver import error_line
-from .test_sweep import sweep
+from .conftest import error_line, sweep
 
 LOCAL = {"address": None, "num_cpus": 1, "cpus_per_trial": 1, "gpus_per_trial": 0}
 

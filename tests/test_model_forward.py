@@ -11,20 +11,7 @@ import torch.nn.functional as F
 from model import AttnConfig, FFNConfig, InitConfig, ModelConfig, NormConfig, Transformer
 from model.layers import MoE, apply_rope, rope_tables
 
-
-def tiny_cfg(gamma: float = 0.5, seed: int = 0, **kw) -> ModelConfig:
-    """gamma = 0.5 by default so attention scores and gates are far from trivial."""
-    base = dict(
-        d_model=64,
-        n_layers=2,
-        n_heads=4,
-        d_ff=96,
-        vocab_size=97,
-        max_seq_len=16,
-        init=InitConfig(gamma=gamma, seed=seed),
-    )
-    base.update(kw)
-    return ModelConfig(**base)
+from .conftest import tiny_cfg
 
 
 def tokens(cfg: ModelConfig, B: int = 3, T: int | None = None, seed: int = 0) -> torch.Tensor:

@@ -11,7 +11,7 @@ from model import AttnConfig, FFNConfig, NormConfig, Transformer
 from model.layers import Attention
 from model.probes import activation_probes, first_token_mass_capture
 
-from .test_model_probes import tiny_cfg, tokens
+from .conftest import tiny_cfg, tokens
 
 
 @pytest.mark.parametrize(

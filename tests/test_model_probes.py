@@ -27,11 +27,7 @@ from model.probes import (
     weight_probes,
 )
 
-from .test_model_forward import tiny_cfg  # the same tiny model the forward tests use
-
-
-def tokens(vocab: int, B: int, T: int, seed: int = 0) -> torch.Tensor:
-    return torch.randint(0, vocab, (B, T), generator=torch.Generator().manual_seed(seed))
+from .conftest import tiny_cfg, tokens  # the same tiny model the forward tests use
 
 
 def uniform_causal(T: int) -> torch.Tensor:

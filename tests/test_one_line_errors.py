@@ -17,7 +17,7 @@ import pytest
 from experiments.load import ReportError, load, read_metrics
 from trainer.export import main as export_main
 
-from .test_report import WIDTHS, report_cli
+from .conftest import WIDTHS, report_cli
 
 LINES = [{"step": 0, "val/loss": 5.5}, {"step": 4, "train/loss": 5.25}, {"step": 8, "val/loss": 4.75, "tokens": 512}]
 

@@ -19,9 +19,16 @@ import pytest
 from core.errors import ConfigError
 from sweeper import study as study_mod
 
-from .conftest import REPO
+from .conftest import (
+    CARD,
+    KILLABLE,
+    REPO,
+    kill_driver_mid_sweep,
+    result_mtimes,
+    sweep,
+    sweeps_at_once,
+)
 from .postgres_server import PostgresServer, missing_reason
-from .test_sweep import CARD, KILLABLE, kill_driver_mid_sweep, result_mtimes, sweep, sweeps_at_once
 
 
 @pytest.fixture(scope="module")

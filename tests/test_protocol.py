@@ -19,21 +19,9 @@ from experiments.report import build
 from experiments.stats import A_LOWER, compare, settled, verdict
 from experiments.width import width_trend
 
+from .conftest import result_row, width_sweep, write_results
+
 LRS = (1e-3, 3e-3, 1e-2)
-
-
-def _row(**kw) -> dict:
-    base = dict(state="COMPLETE", model="micro", n_params=5_000_000, d_model=256, n_layers=4, eps=1e-12,
-                norm="rmsnorm", gate="none", ffn="dense", task="lm", tokens=100_000, unigram_entropy=7.0,
-                weight_decay=0.1)
-    return {**base, **kw}
-
-
-def _write(root: Path, name: str, rows: list[dict]) -> Path:
-    d = root / name
-    d.mkdir(parents=True)
-    pd.DataFrame(rows).to_parquet(d / "results.parquet")
-    return d
 
 
 def lr_sweep(root: Path, seeds: int = 4) -> Path:
@@ -46,9 +34,9 @@ def lr_sweep(root: Path, seeds: int = 4) -> Path:
     for s in range(seeds):
         luck = rng.normal(0, 0.01)
         for (gamma, lr), m in means.items():
-            rows.append(_row(identity=f"{gamma}-{lr}-{s}", gamma=gamma, lr=lr, init_seed=s, train_seed=s,
+            rows.append(result_row(identity=f"{gamma}-{lr}-{s}", gamma=gamma, lr=lr, init_seed=s, train_seed=s,
                              final_val_loss=m + luck + rng.normal(0, 1e-3)))
-    return _write(root, "lrs", rows)
+    return write_results(root, "lrs", rows)
 
 
 def test_each_setting_is_compared_at_its_own_best_lr(tmp_path):
@@ -77,10 +65,10 @@ def test_a_difference_whose_side_behind_sits_at_the_lr_edge_is_not_yet_real(tmp_
     rng = np.random.default_rng(5)
     means = {(0.5, 1e-3): 5.10, (0.5, 3e-3): 5.15, (0.5, 1e-2): 5.30,
              (1.0, 1e-3): 5.05, (1.0, 3e-3): 4.95, (1.0, 1e-2): 5.00}
-    rows = [_row(identity=f"{g}-{lr}-{s}", gamma=g, lr=lr, init_seed=s, train_seed=s,
+    rows = [result_row(identity=f"{g}-{lr}-{s}", gamma=g, lr=lr, init_seed=s, train_seed=s,
                  final_val_loss=m + 0.01 * s + rng.normal(0, 1e-3))
             for s in range(4) for (g, lr), m in means.items()]
-    sweep = load([_write(tmp_path, "edge", rows)])
+    sweep = load([write_results(tmp_path, "edge", rows)])
     df = sweep.complete
     small, large = df[df["gamma"] == 1.0], df[df["gamma"] == 0.5]
     c = compare(small, large, "final_val_loss", curve="val/loss")
@@ -92,9 +80,9 @@ def test_a_difference_whose_side_behind_sits_at_the_lr_edge_is_not_yet_real(tmp_
     # Not a loss comparison (no curve): the lr grid is not what it is about.
     assert compare(small, large, "final_val_loss").edge_behind == ""
     # One smaller lr, worse: gamma 0.5's choice is now inside its grid and the difference is real.
-    wider = rows + [_row(identity=f"0.5-3e-4-{s}", gamma=0.5, lr=3e-4, init_seed=s, train_seed=s,
+    wider = rows + [result_row(identity=f"0.5-3e-4-{s}", gamma=0.5, lr=3e-4, init_seed=s, train_seed=s,
                          final_val_loss=5.25 + 0.01 * s) for s in range(4)]
-    df = load([_write(tmp_path, "wider", wider)]).complete
+    df = load([write_results(tmp_path, "wider", wider)]).complete
     c = compare(df[df["gamma"] == 1.0], df[df["gamma"] == 0.5], "final_val_loss", curve="val/loss")
     assert c.edge_behind == "" and verdict([c], A_LOWER)[0] == "supported"
 
@@ -102,15 +90,15 @@ def test_a_difference_whose_side_behind_sits_at_the_lr_edge_is_not_yet_real(tmp_
 def test_trials_that_ran_in_different_dtypes_are_never_paired(tmp_path):
     """A cluster that mixes CPUs with and without native bf16 runs some trials of one grid in
     bf16 (train.dtype=auto): dtype becomes part of the setting, so no comparison mixes them."""
-    rows = [_row(identity=f"{g}-{s}", gamma=g, lr=3e-3, init_seed=s, train_seed=s, dtype="bf16" if s >= 2 else "fp32",
+    rows = [result_row(identity=f"{g}-{s}", gamma=g, lr=3e-3, init_seed=s, train_seed=s, dtype="bf16" if s >= 2 else "fp32",
                  final_val_loss=5.0 + 0.1 * g + 0.01 * s)
             for g in (0.5, 1.0) for s in range(4)]
-    sweep = load([_write(tmp_path, "mixed", rows)])
+    sweep = load([write_results(tmp_path, "mixed", rows)])
     assert "dtype" in sweep.setting_cols
     curves = sweep.complete.groupby("gamma_curve")["dtype"].agg(set)
     assert len(curves) == 2 and all(len(v) == 1 for v in curves)
     # One dtype throughout: not a setting, labels unchanged.
-    same = load([_write(tmp_path, "same", [{**r, "dtype": "fp32"} for r in rows])])
+    same = load([write_results(tmp_path, "same", [{**r, "dtype": "fp32"} for r in rows])])
     assert "dtype" not in same.setting_cols
 
 
@@ -127,18 +115,18 @@ def test_report_names_the_chosen_lr_and_flags_the_edge(tmp_path):
 
 
 def test_without_an_lr_axis_the_report_names_the_one_lr(tmp_path):
-    rows = [_row(identity=f"{g}-{s}", gamma=g, lr=3e-3, init_seed=s, train_seed=s, final_val_loss=5 + g / 10 + s / 100)
+    rows = [result_row(identity=f"{g}-{s}", gamma=g, lr=3e-3, init_seed=s, train_seed=s, final_val_loss=5 + g / 10 + s / 100)
             for g in (0.5, 1.0) for s in range(3)]
-    sweep = load([_write(tmp_path, "one", rows)])
+    sweep = load([write_results(tmp_path, "one", rows)])
     assert sweep.tuning.axes == [] and "one optimiser setting (lr = 0.003" in sweep.tuning.describe()
 
 
 def test_an_lr_that_differs_between_arms_is_not_called_no_lr_axis(tmp_path):
     """A search that sampled each γ with its own lr: two lrs, none chosen between. The text
     must neither say there is no lr axis nor that each arm is at its own best lr."""
-    rows = [_row(identity=f"{g}-{s}", gamma=g, lr=lr, init_seed=s, train_seed=s, final_val_loss=5 + g / 10)
+    rows = [result_row(identity=f"{g}-{s}", gamma=g, lr=lr, init_seed=s, train_seed=s, final_val_loss=5 + g / 10)
             for g, lr in ((0.5, 1e-3), (1.0, 3e-3)) for s in range(2)]
-    out = build([_write(tmp_path, "lrsearch", rows)], tmp_path / "reports", widths=(64, 128), n_boot=20,
+    out = build([write_results(tmp_path, "lrsearch", rows)], tmp_path / "reports", widths=(64, 128), n_boot=20,
                 log=lambda _: None)
     md = (out / "report.md").read_text()
     assert "No learning-rate axis" not in md and "own best learning rate" not in md
@@ -162,9 +150,9 @@ def _curve_sweep(root: Path, flip_at: int | None, pairs: int = 5, total: int = 1
                 lines.append(json.dumps({"step": step, "val/loss": b + (gap if gamma == 1.0 else 0.0)}))
             path.write_text("\n".join(lines) + "\n")
             final = json.loads(lines[-1])["val/loss"]
-            rows.append(_row(identity=ident, gamma=gamma, lr=3e-3, init_seed=s, train_seed=s, final_val_loss=final,
+            rows.append(result_row(identity=ident, gamma=gamma, lr=3e-3, init_seed=s, train_seed=s, final_val_loss=final,
                              metrics_path=str(path)))
-    return _write(root, "curves", rows)
+    return write_results(root, "curves", rows)
 
 
 def test_a_gap_that_changes_sign_in_the_last_quarter_is_inconclusive(tmp_path):
@@ -203,24 +191,6 @@ def test_a_null_with_six_pairs_is_inconclusive_and_names_the_excluded_effect():
     assert claim.verdict == "inconclusive" and claim.excluded == pytest.approx(excluded)
 
 
-def width_sweep(root: Path, slope: float, intercept: float, seeds: int = 3, noise: float = 0.004,
-                widths=(64, 128, 192, 256)) -> Path:
-    """Recipe − baseline = intercept + slope·ln d (+ paired noise), each arm at two lrs where
-    only one is its best."""
-    rng = np.random.default_rng(5)
-    rows = []
-    for d in widths:
-        for s in range(seeds):
-            base = 6.0 - 0.3 * math.log(d) + rng.normal(0, 0.02)
-            gap = intercept + slope * math.log(d) + rng.normal(0, noise)
-            for arm, gamma, eps, gate, loss in (("b", 0.5, 1e-5, "none", base), ("r", 1.0, 1e-12, "elementwise", base + gap)):
-                for lr, penalty in ((3e-3, 0.0), (1e-3, 0.2)):
-                    rows.append(_row(identity=f"{d}-{s}-{arm}-{lr}", model="micro", d_model=d, n_params=2000 * d * d // 64,
-                                     gamma=gamma, eps=eps, gate=gate, lr=lr, init_seed=s, train_seed=s,
-                                     final_val_loss=loss + penalty))
-    return _write(root, "widths", rows)
-
-
 def test_width_trend_recovers_a_known_slope_and_crossover(tmp_path):
     sweep = load([width_sweep(tmp_path, slope=-0.05, intercept=0.25)])
     df = sweep.complete
@@ -257,9 +227,9 @@ def test_near_equal_lrs_are_one_grid_point_and_missing_columns_drop_nothing(tmp_
         for g in (0.5, 1.0):
             for lr in (3e-3, 1e-2):
                 lr_written = np.nextafter(lr, 1) if s == 2 else lr  # went through arithmetic somewhere
-                rows.append(_row(identity=f"{g}-{lr}-{s}", gamma=g, lr=lr_written, weight_decay=np.nan, init_seed=s,
+                rows.append(result_row(identity=f"{g}-{lr}-{s}", gamma=g, lr=lr_written, weight_decay=np.nan, init_seed=s,
                                  train_seed=s, final_val_loss=5 + g + (0 if lr == 3e-3 else 0.1) + s / 100))
-    sweep = load([_write(tmp_path, "near", rows)])
+    sweep = load([write_results(tmp_path, "near", rows)])
     chosen = sweep.tuning.chosen
     assert sweep.tuning.axes == ["lr"] and (chosen["lr"] == 3e-3).all() and (chosen["seeds"] == 3).all()
     assert chosen["lr_tried"].map(len).tolist() == [2, 2]

@@ -9,8 +9,7 @@ import shutil
 
 import pytest
 
-from .test_failures import DIVERGES, table
-from .test_sweep import sweep
+from .conftest import DIVERGES, sweep, table
 
 GRID = ["init.gamma=0.5,0.75,1.0", "wandb.mode=disabled", "name=rec"]
 

@@ -13,8 +13,7 @@ from core.errors import ConfigError
 from model.config import SMALLEST_NORMAL, FFNConfig, InitConfig, ModelConfig
 from sweeper import fixed_overrides
 
-from .conftest import TINY, run_cli
-from .test_sweep import sweep
+from .conftest import TINY, run_cli, sweep
 
 NANO = ModelConfig.preset("nano")
 

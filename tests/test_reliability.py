@@ -17,8 +17,7 @@ import pytest
 
 from core.files import atomic_write_json
 
-from .conftest import REPO
-from .test_sweep import TINY_SWEEP, sweep, sweeps_at_once
+from .conftest import REPO, TINY_SWEEP, grid_trials, sweep, sweeps_at_once
 
 
 def test_atomic_write_keeps_the_old_file_when_writing_fails(tmp_path):
@@ -150,8 +149,6 @@ def test_a_trial_whose_worker_died_before_training_keeps_its_row(tmp_path):
     """No trial.json (the worker never reached run_trial): the row comes from the planned
     config in sweep.json, with the failure the study recorded."""
     from sweeper.results import build_table
-
-    from .test_experiments import grid_trials
 
     trial = grid_trials("moe")[1][0]
     folder = tmp_path / "trials" / trial.identity()

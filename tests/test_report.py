@@ -28,14 +28,7 @@ from experiments.screenshot import find_browser
 from experiments.stats import A_HIGHER, A_LOWER, ONE_SEED, WITHIN, compare, verdict
 from experiments.tokens import delta_sym
 
-from .conftest import REPO, run_cli
-
-WIDTHS = "64,128,256"
-
-
-def report_cli(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "experiments.report", *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=600, env={**__import__("os").environ, "PYTHONPATH": str(REPO)})
+from .conftest import REPO, WIDTHS, report_cli, run_cli, synthetic_sweep
 
 
 @pytest.fixture(scope="session")
@@ -318,26 +311,6 @@ def test_power_law_fit_recovers_known_parameters(E, A, alpha):
 def test_power_law_needs_three_sizes():
     with pytest.raises(ValueError, match="three"):
         fit_power_law([1e6, 1e7], [3.0, 2.5])
-
-
-def synthetic_sweep(root: Path, gain: float, sizes=(1e6, 3e6, 1e7, 3e7), seeds=3, noise=2e-3) -> Path:
-    """A results table whose gamma=0.5 losses follow L = 2 + 30 N^-0.25 and whose gamma=1
-    losses are those of a (1 + gain)x larger baseline, with paired seed noise."""
-    rng = np.random.default_rng(1)
-    law = lambda n: 2.0 + 30.0 * n**-0.25  # noqa: E731
-    rows = []
-    for i, n in enumerate(sizes):
-        for s in range(seeds):
-            shared = rng.normal(0, noise)  # a seed's luck is shared by both arms (paired)
-            for gamma, loss in ((0.5, law(n)), (1.0, law((1 + gain) * n))):
-                rows.append(dict(identity=f"{i}{s}{gamma}", state="COMPLETE", model=f"m{i}", n_params=int(n),
-                                 d_model=64 * (i + 1), n_layers=2, gamma=gamma, init_seed=s, train_seed=0, eps=1e-12,
-                                 norm="rmsnorm", gate="none", ffn="dense", task="lm", lr=3e-3, tokens=10_000,
-                                 final_val_loss=loss + shared + rng.normal(0, noise / 4), unigram_entropy=7.0))
-    d = root / "synth"
-    d.mkdir(parents=True)
-    pd.DataFrame(rows).to_parquet(d / "results.parquet")
-    return d
 
 
 def test_effective_size_recovers_a_known_gain(tmp_path):

@@ -17,7 +17,7 @@ from experiments.load import load
 from experiments.report import build
 from experiments.scaling import effective_size
 
-from .test_report import synthetic_sweep
+from .conftest import synthetic_sweep
 
 
 def synthetic_anchor_sweep(root: Path, small_infers: bool, seeds=2, depths=(2, 3, 4)) -> Path:

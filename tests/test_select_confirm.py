@@ -19,8 +19,7 @@ from sweeper import protocol
 from sweeper.config import ProtocolConf
 from sweeper.space import parse_sweep
 
-from .conftest import REPO, TINY
-from .test_sweep import study_trials, sweep
+from .conftest import REPO, TINY, study_trials, sweep
 
 CONF = ProtocolConf(tune=["optim.lr"], tune_seeds=[100], confirm_seeds=[1, 2])
 

@@ -24,6 +24,8 @@ from experiments.stats import (
 )
 from experiments.width import width_trend
 
+from .conftest import width_sweep
+
 
 def test_holm_matches_hand_computed_adjustments():
     # sorted 0.005, 0.01, 0.03, 0.04 -> x4, x3, x2, x1 = 0.02, 0.03, 0.06, 0.04 -> monotone 0.06
@@ -183,7 +185,6 @@ def test_the_gate_claim_is_scored_on_the_interaction_and_reports_the_main_effect
 
 
 def test_the_width_fit_leaves_out_one_head_widths_and_says_so(tmp_path):
-    from .test_protocol import width_sweep
 
     df = load([width_sweep(tmp_path, slope=-0.05, intercept=0.25)]).complete
     df = df.assign(n_heads=df["d_model"] // 64)

@@ -6,11 +6,6 @@ Real Ray (local), real Optuna storage (SQLite), real wandb in offline mode, real
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
-import sys
-import threading
-import time
 from pathlib import Path
 
 import optuna
@@ -19,28 +14,21 @@ import pytest
 
 from trainer import host_memory
 
-from .conftest import REPO, TINY, run_cli
-
-CARD = ["init.gamma=0.5,0.75,1.0,1.25", "norm.eps=1e-5,1e-12"]
-TINY_SWEEP = [t for t in TINY if not t.startswith("wandb.")] + ["ray.num_cpus=2"]
-
-
-def sweep(tmp_path, data_cache, *args, env=None, timeout=600):
-    return run_cli(["-m", *TINY_SWEEP, *args], cwd=tmp_path, timeout=timeout,
-                   env={"SMALLINIT_CACHE": str(data_cache), "WANDB_API_KEY": "", **(env or {})})
-
-
-def study_trials(sweep_dir: Path, name: str):
-    study = optuna.load_study(study_name=name, storage=f"sqlite:///{sweep_dir / 'optuna.db'}")
-    return study.get_trials(deepcopy=False)
+from .conftest import (
+    CARD,
+    KILLABLE,
+    REPO,
+    TINY,
+    kill_driver_mid_sweep,
+    result_mtimes,
+    run_cli,
+    study_trials,
+    sweep,
+)
 
 
 def wandb_runs(sweep_dir: Path) -> list[Path]:
     return sorted(sweep_dir.glob("trials/*/wandb/offline-run-*/run-*.wandb"))
-
-
-def result_mtimes(sweep_dir: Path) -> dict[str, float]:
-    return {p.parent.name: p.stat().st_mtime for p in sweep_dir.glob("trials/*/result.json")}
 
 
 def test_card_command_runs_every_trial_once_and_a_rerun_trains_nothing(tmp_path, data_cache):
@@ -82,44 +70,6 @@ def test_card_command_runs_every_trial_once_and_a_rerun_trains_nothing(tmp_path,
     assert "10 trials (8 already done)" in more.stdout
     assert {k: v for k, v in result_mtimes(sweep_dir).items() if k in before} == before
     assert len(study_trials(sweep_dir, "card")) == 10
-
-
-# Longer trials so the driver can be killed while some are finished and others running.
-KILLABLE = [*CARD, "train.max_tokens=8192", "train.eval_every=16", "train.probe_every=0", "train.ckpt_every=8",
-            "wandb.mode=disabled", "name=killed"]
-
-
-def kill_driver_mid_sweep(tmp_path, data_cache, args) -> dict[str, float]:
-    """Start `sweep.py -m ARGS`, kill -9 its whole process group once two trials finished;
-    return those trials' result.json mtimes."""
-    env = {**os.environ, "PYTHONPATH": str(REPO), "SMALLINIT_CACHE": str(data_cache)}
-    driver = subprocess.Popen([sys.executable, str(REPO / "sweep.py"), "-m", *TINY_SWEEP, *args], cwd=tmp_path,
-                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    sweep_dir = tmp_path / "sweeps" / "killed"
-    deadline = time.time() + 300
-    while len(result_mtimes(sweep_dir)) < 2 and time.time() < deadline and driver.poll() is None:
-        time.sleep(0.5)
-    os.killpg(driver.pid, signal.SIGKILL)
-    driver.wait()
-    finished = result_mtimes(sweep_dir)
-    assert 2 <= len(finished) < 8, "the driver should die mid-sweep"
-    return finished
-
-
-def sweeps_at_once(tmp_path, data_cache, storage: str, grids: dict[str, str]) -> dict:
-    """Run one sweep per (name, gammas) at the same time on one study storage."""
-    results = {}
-
-    def run(name, gammas):
-        results[name] = sweep(tmp_path, data_cache, f"init.gamma={gammas}", f"hydra.sweeper.storage={storage}",
-                              "wandb.mode=disabled", f"name={name}")
-
-    threads = [threading.Thread(target=run, args=item) for item in grids.items()]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return results
 
 
 def test_killed_driver_resumes_without_duplicates_or_retraining(tmp_path, data_cache):
