@@ -97,9 +97,7 @@ class StudySearcher(Searcher):
             state, reason = TrialState.PRUNED, None
         else:
             state, reason = TrialState.COMPLETE, None
-        if kind:
-            self.study.set_attrs(trial, fail_kind=kind)
-        self.study.finish(trial, state, result.get(METRIC), reason)
+        self.study.finish(trial, state, result.get(METRIC), reason, **({"fail_kind": kind} if kind else {}))
         key = {TrialState.COMPLETE: "complete", TrialState.PRUNED: "pruned"}.get(state, "failed")
         self.counts[key] += 1
         self._check_failure_rate()

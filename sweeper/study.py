@@ -249,7 +249,14 @@ class Study:
         if value is not None and math.isfinite(value):
             self.storage.set_trial_intermediate_value(trial._trial_id, step, value)
 
-    def finish(self, trial: FrozenTrial, state: TrialState, value: float | None = None, reason: str | None = None) -> None:
+    def finish(self, trial: FrozenTrial, state: TrialState, value: float | None = None, reason: str | None = None,
+               **attrs: Any) -> None:
+        # An ended trial keeps its state, value and reason: a second ending (another driver on the
+        # same study, a late report) changes nothing and raises nothing.
+        if self.storage.get_trial(trial._trial_id).state.is_finished():
+            return
+        if attrs:
+            self.set_attrs(trial, **attrs)
         if reason:
             self.set_attrs(trial, fail_reason=reason[:2000])
         if state == TrialState.COMPLETE and (value is None or not math.isfinite(value)):
