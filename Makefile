@@ -43,7 +43,7 @@ run: install ## Train one trial with the defaults (ARGS=... to override)
 	$(PY) sweep.py $(ARGS)
 
 test: install ## Run the tests (not marked slow)
-	$(PY) -m pytest -m "not slow" --durations=25 $(ARGS)
+	$(PY) -m pytest -m "not slow" --durations=60 $(ARGS)
 
 test-full: install ## Run every test, slow ones included
 	$(PY) -m pytest $(ARGS)

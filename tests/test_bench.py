@@ -38,6 +38,7 @@ def _positive(x) -> bool:
     return isinstance(x, int | float) and math.isfinite(x) and x > 0
 
 
+@pytest.mark.slow
 def test_every_benchmark_is_measured_or_skipped_with_a_reason(tiny_results):
     _, results, _ = tiny_results
     assert results["machine"]["cpu_count"] >= 1 and results["machine"]["torch"]
@@ -58,6 +59,7 @@ def test_every_benchmark_is_measured_or_skipped_with_a_reason(tiny_results):
                                      else entry["ratio"] <= entry["target"]["value"])
 
 
+@pytest.mark.slow
 def test_ratios_are_positive_and_finite(tiny_results):
     _, results, _ = tiny_results
     b = results["benchmarks"]
@@ -98,6 +100,7 @@ def test_ratios_are_positive_and_finite(tiny_results):
     assert _positive(d["cold_s"]) and _positive(d["warm_s"]) and d["corpus"]["train_tokens"] > 0
 
 
+@pytest.mark.slow
 def test_cpu_mfu_by_width_is_the_scaling_law_shape_with_a_paired_ratio_per_width(tiny_results):
     out, results, _ = tiny_results
     e = results["benchmarks"]["cpu_mfu_by_width"]
@@ -118,6 +121,7 @@ def test_cpu_mfu_by_width_is_the_scaling_law_shape_with_a_paired_ratio_per_width
     assert all(f"|   d={d} |" in table for d in TINY.cpu_widths)
 
 
+@pytest.mark.slow
 def test_markdown_table_has_a_row_per_benchmark(tiny_results):
     out, _, stdout = tiny_results
     table = (out / "results.md").read_text()
@@ -129,6 +133,7 @@ def test_markdown_table_has_a_row_per_benchmark(tiny_results):
     assert table.strip() in stdout  # the final table is printed too
 
 
+@pytest.mark.slow
 def test_every_entry_records_its_commit_date_machine_and_cpu_flags(tiny_results):
     _, results, _ = tiny_results
     def git(*args: str) -> subprocess.CompletedProcess:
@@ -147,6 +152,7 @@ def test_every_entry_records_its_commit_date_machine_and_cpu_flags(tiny_results)
         assert p["cpu_flags"] == [f for f in CPU_FLAGS if f in flags], name
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="gpu_mfu would run for real here")
 def test_only_writes_a_whole_file_of_its_own_run(tiny_results, tmp_path):
     from bench.__main__ import main
@@ -195,6 +201,7 @@ def test_benchmarks_doc_prose_quotes_no_measured_figure():
     assert stray(bench_doc.prose(doc) + " the sweep took 26.1 s", generated) == ["26.1"]
 
 
+@pytest.mark.slow
 def test_benchmarks_doc_marks_entries_without_provenance_and_renders_a_new_run(tiny_results):
     _, results, _ = tiny_results
     doc = bench_doc.DOC.read_text()

@@ -85,7 +85,8 @@ MESSAGES = {"empty": "0 document(s)", "three_chars": "1 document(s)", "binary": 
             "gpu_form_on_the_bundled_corpus": "passes over the"}
 
 
-@pytest.mark.parametrize("case", BAD)
+# The GPU form composes a 0.1B model (~30 s on 2 cores): in the slow set.
+@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.slow) if c.startswith("gpu_") else c for c in BAD])
 def test_bad_data_is_one_line_before_ray_and_nothing_is_written(case, tmp_path, data_cache):
     overrides, start = _bad_inputs(tmp_path)[case]
     tiny = [] if case.startswith("gpu") else TINY

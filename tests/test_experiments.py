@@ -34,7 +34,8 @@ STAGES = {"gamma_scan": (12, 24), "eps_fix": (6, 8), "gate": (12, 16), "moe": (6
           "width_trend": (18, 24)}
 
 
-@pytest.mark.parametrize("experiment", list(EXPECTED))
+# gpu/anchor composes 128 grid points (~35 s on 2 cores): in the slow set.
+@pytest.mark.parametrize("experiment", [pytest.param(e, marks=pytest.mark.slow) if e == "gpu/anchor" else e for e in EXPECTED])
 def test_experiment_composes_into_its_grid(experiment, data_cache):
     size, presets = EXPECTED[experiment]
     base, trials = grid_trials(experiment)
@@ -159,6 +160,7 @@ def test_cpu_form_runs_end_to_end_at_a_reduced_budget(experiment, tmp_path, data
         assert summary["anchor"] and summary["claims"][0]["claim"].startswith("Small init infers")
 
 
+@pytest.mark.slow
 def test_bf16_check_runs_and_reads_the_paired_gap(tmp_path, data_cache):
     """The precision check as a user runs it, on tiny trials: a sweep over train.dtype, then
     `python -m experiments.dtype_check` on its folder (on a CPU without native bf16 the bf16

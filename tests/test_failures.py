@@ -61,6 +61,7 @@ def test_a_divergence_stays_failed_unless_retry_failed(tmp_path, data_cache):
     assert "running again after: TrialDiverged" in (tmp_path / "sweeps" / "nan" / df["trial_dir"][0] / "trial.log").read_text()
 
 
+@pytest.mark.slow
 def test_a_bad_wandb_key_fails_the_trial_and_the_rerun_with_it_fixed_completes_it(tmp_path, data_cache):
     # wandb.mode=auto with a key is online; the "server" refuses connections, as with no network.
     broken = {"WANDB_API_KEY": "x" * 40, "WANDB_BASE_URL": "http://127.0.0.1:9", "WANDB_INIT_TIMEOUT": "5"}

@@ -32,6 +32,7 @@ def _training_steps(side: str) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not GLIBC, reason="the setting applies to glibc only")
 def test_training_steps_reuse_freed_memory_instead_of_faulting_it_in_again():
     default, kept = _training_steps("default"), _training_steps("retain")

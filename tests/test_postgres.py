@@ -98,6 +98,7 @@ def test_card_grid_on_a_postgres_study_records_each_trial_once_and_the_dashboard
         server.wait(timeout=30)
 
 
+@pytest.mark.slow
 def test_two_sweeps_on_one_database_at_once_stay_complete_and_separate(tmp_path, data_cache, pg):
     url = pg.create("team")
     results = sweeps_at_once(tmp_path, data_cache, url, {"left": "0.5,0.75,1.0", "right": "1.0,1.25,1.5"})
@@ -108,6 +109,7 @@ def test_two_sweeps_on_one_database_at_once_stay_complete_and_separate(tmp_path,
         assert {t.params["init.gamma"] for t in trials} == gammas
 
 
+@pytest.mark.slow
 def test_killed_driver_reruns_against_the_same_database_without_duplicates(tmp_path, data_cache, pg):
     url = pg.create("killed")
     args = [*KILLABLE, f"hydra.sweeper.storage={url}"]

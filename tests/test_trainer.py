@@ -136,6 +136,7 @@ def test_tiny_lm_learns_below_unigram_entropy(trial_config, tmp_path):
     assert result.final_val_loss < result.unigram_entropy - 0.3
 
 
+@pytest.mark.slow
 def test_anchor_task_reaches_high_in_distribution_accuracy(trial_config, tmp_path):
     # Measured: at lr 3e-3 in-distribution accuracy passes 0.9 near step 400 (0.98 by 600).
     trial = trial_config("data=anchor", "train=anchor", "train.max_steps=600", "train.eval_every=600",
