@@ -65,7 +65,8 @@ def cli() -> None:
         if "--show" in sys.argv[1:]:
             from sweeper.show import show
 
-            print(show([a for a in sys.argv[1:] if a != "--show"], conf))
+            for line in show([a for a in sys.argv[1:] if a != "--show"], conf):
+                print(line, flush=True)
             return
     except ConfigError as e:
         sys.exit(f"error: {e}")

@@ -10,16 +10,14 @@ import json
 from pathlib import Path
 from typing import Any
 
-from hydra.core.hydra_config import HydraConfig
-from hydra.errors import HydraException
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf
 
-from core.errors import ConfigError, first_line
+from core.errors import ConfigError
 from core.trial_dir import TrialDir
 from trainer.config import trial_config_from_dict
 from trainer.distributed import check_split
 
-from .precheck import hydra_error
+from .points import PointComposer
 from .space import SweepSpace
 from .trainable import TrialSpec
 
@@ -29,42 +27,31 @@ class Composer:
 
     def __init__(self, loader, base: DictConfig, space: SweepSpace, sweep_dir: Path):
         self.loader, self.base, self.space, self.sweep_dir = loader, base, space, sweep_dir
-        # Validation composes every grid point before launch; planning asks again to write
-        # its folder. Hydra composition is ~0.2 s a trial, so each point is composed once.
-        self._built: dict[str, tuple[TrialSpec, DictConfig]] = {}
-
-    def compose(self, params: dict[str, Any]) -> tuple[list[str], DictConfig]:
-        overrides = self.space.overrides_for(params)
-        try:
-            cfg = self.loader.load_sweep_config(self.base, overrides)
-        except HydraException as e:
-            raise ConfigError(hydra_error(e, overrides)) from None
-        return overrides, cfg
+        # A full Hydra compose runs once per distinct set of structure overrides (group choices,
+        # +/~ edits: sweeper/points.py). Validation builds every grid point before launch and
+        # planning asks again to write its folder, so each point is built once.
+        self.points = PointComposer(lambda overrides: loader.load_sweep_config(base, overrides),
+                                    lambda path: loader.repository.group_exists(path))
+        self._built: dict[str, TrialSpec] = {}
 
     def spec(self, params: dict[str, Any], write: bool = False) -> TrialSpec:
         key = json.dumps(params, sort_keys=True, default=str)
         if key not in self._built:
             self._built[key] = self._build(params)
-        spec, job_cfg = self._built[key]
+        spec = self._built[key]
         if write:  # Hydra's job-folder convention: the composed config and the overrides
             out = TrialDir(spec.out_dir)
             out.hydra_config.parent.mkdir(parents=True, exist_ok=True)
-            OmegaConf.save(job_cfg, out.hydra_config)
+            OmegaConf.save(OmegaConf.create(self.points.job(spec.overrides, resolve=False)), out.hydra_config)
             OmegaConf.save(OmegaConf.create(spec.overrides), out.hydra_overrides)
             # The resolved config too: a trial whose worker dies before training starts has no
             # trial.json, and the results table still needs its row.
             out.write_sweep_plan(spec.params, spec.overrides, spec.identity, spec.trial.to_dict())
         return spec
 
-    def _build(self, params: dict[str, Any]) -> tuple[TrialSpec, DictConfig]:
-        overrides, cfg = self.compose(params)
-        HydraConfig.instance().set_config(cfg)  # lets ${hydra:...} resolve on the driver
-        with open_dict(cfg):
-            job_cfg = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
-        try:
-            container = OmegaConf.to_container(job_cfg, resolve=True)
-        except Exception as e:
-            raise ConfigError(first_line(e)) from None
+    def _build(self, params: dict[str, Any]) -> TrialSpec:
+        overrides = self.space.overrides_for(params)
+        container = self.points.job(overrides)
         data = container.get("data", {})
         for key in ("paths", "val_paths"):  # workers may run elsewhere: pin user files
             if data.get(key):
@@ -74,13 +61,14 @@ class Composer:
         ray_cfg, wandb_cfg = container.get("ray", {}), container.get("wandb", {})
         workers = ray_cfg.get("workers_per_trial", 1)
         check_split(trial, workers)
+        identity = trial.identity()
         spec = TrialSpec(
-            identity=trial.identity(), trial=trial, out_dir=str(TrialDir.in_sweep(self.sweep_dir, trial.identity()).path),
+            identity=identity, trial=trial, out_dir=str(TrialDir.in_sweep(self.sweep_dir, identity).path),
             params=dict(params), overrides=overrides, sweep_name=str(container.get("name", "sweep")),
             wandb=dict(wandb_cfg), threads=int(ray_cfg.get("cpus_per_trial") or 1),
             workers=workers, gpus=float(ray_cfg.get("gpus_per_trial") or 0),
         )
-        return spec, job_cfg
+        return spec
 
 
 def validate_sweep(composer: Composer) -> tuple[list[TrialSpec], list[TrialSpec]]:

@@ -9,9 +9,11 @@ data and budget resolved, its identity, and how it would run.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
 from trainer.config import TrialConfig, trial_config_from_dict
@@ -21,10 +23,13 @@ from trainer.schedule import budget_branches
 
 from . import protocol
 from .config import ProtocolConf
+from .points import PointComposer
 from .space import parse_sweep
 
 
-def show(argv: list[str], conf_dir: Path) -> str:
+def show(argv: list[str], conf_dir: Path) -> Iterator[str]:
+    """The lines to print, each as soon as it is known: the first trial in full, one line per
+    trial as it is built, then what needs them all (memory per shape, cost)."""
     multirun = "-m" in argv or "--multirun" in argv
     lines = [a for a in argv if not a.startswith("-")]
     # The experiment and the sweeper's own settings shape the sweep; the rest are its overrides.
@@ -40,30 +45,41 @@ def show(argv: list[str], conf_dir: Path) -> str:
             points = [{**s, pconf.seed_key: seed} for s in space.grid() for seed in pconf.tune_seeds]
             space = protocol.round_space(space, points)
         points = space.grid() if space.mode == "grid" else [{}]
+        loader = GlobalHydra.instance().config_loader()
+        composer = PointComposer(lambda overrides: compose("config", overrides=overrides, return_hydra_config=True),
+                                 lambda path: loader.repository.group_exists(path))
         trials, workers = [], []
         for point in points:
-            cfg = compose("config", overrides=space.overrides_for(point))
-            trials.append((point, trial_config_from_dict(OmegaConf.to_container(cfg, resolve=True))))
-            workers.append(int(cfg.ray.get("workers_per_trial") or 1))
-    point, first = trials[0]
-    m = first.model
-    out = [OmegaConf.to_yaml(OmegaConf.create(first.to_dict())).rstrip(),
-           f"# identity {first.identity()}: {first.preset}, {m.num_params() / 1e6:.2f}M parameters "
-           f"({m.num_params(active=True) / 1e6:.2f}M active), {_steps_line(first.train)}",
-           *_passes(first), *_memory([t for _, t in trials], workers)]
+            cfg = composer.job(space.overrides_for(point))
+            trial = trial_config_from_dict(cfg)
+            trials.append(trial)
+            workers.append(int((cfg.get("ray") or {}).get("workers_per_trial") or 1))
+            if len(trials) == 1:
+                yield from _first(trial, multirun, space, len(points))
+            if multirun:
+                yield f"#   {trial.identity()}  " + " ".join(f"{k}={v}" for k, v in point.items())
+    yield from _memory(trials, workers)
     if not multirun:
-        out.append("# runs here, in this process (python sweep.py ...)")
-        return "\n".join(out)
-    mode = "grid" if space.mode == "grid" else f"Optuna search ({space.swept_keys} sampled)"
-    out.append(f"# with -m: {len(trials) if space.mode == 'grid' else 'hydra.sweeper.n_trials'} trial(s), {mode}, "
-               "each a Ray Tune trial launched by the smallinit sweeper (hydra/sweeper=smallinit; Hydra's launcher "
-               "setting is not used). Above: the first; all of them:")
-    for p, t in trials:
-        out.append(f"#   {t.identity()}  " + " ".join(f"{k}={v}" for k, v in p.items()))
+        yield "# runs here, in this process (python sweep.py ...)"
+        return
     if pconf.enabled:
-        out += protocol.describe_plan(pconf, space_given)
-    out.append(_cost([t for _, t in trials], "stage 1 (its first round)" if pconf.enabled else "the sweep"))
-    return "\n".join(out)
+        yield from protocol.describe_plan(pconf, space_given)
+    yield _cost(trials, "stage 1 (its first round)" if pconf.enabled else "the sweep")
+
+
+def _first(trial: TrialConfig, multirun: bool, space, n: int) -> list[str]:
+    """The first trial as it will train, and with -m what the sweep is."""
+    m = trial.model
+    out = [OmegaConf.to_yaml(OmegaConf.create(trial.to_dict())).rstrip(),
+           f"# identity {trial.identity()}: {trial.preset}, {m.num_params() / 1e6:.2f}M parameters "
+           f"({m.num_params(active=True) / 1e6:.2f}M active), {_steps_line(trial.train)}",
+           *_passes(trial)]
+    if multirun:
+        mode = "grid" if space.mode == "grid" else f"Optuna search ({space.swept_keys} sampled)"
+        out.append(f"# with -m: {n if space.mode == 'grid' else 'hydra.sweeper.n_trials'} trial(s), {mode}, "
+                   "each a Ray Tune trial launched by the smallinit sweeper (hydra/sweeper=smallinit; Hydra's "
+                   "launcher setting is not used). Above: the first; all of them:")
+    return out
 
 
 def trained_steps(train) -> int:
