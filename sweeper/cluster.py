@@ -64,13 +64,43 @@ def check_reachable(address: str) -> None:
     hostport = address.rsplit("/", 1)[0]
     host, _, port = hostport.rpartition(":")
     try:
-        with socket.create_connection((host or "127.0.0.1", int(port)), timeout=5):
-            return
+        with socket.create_connection((host or "127.0.0.1", int(port)), timeout=5) as conn:
+            answer = _grpc_answer(conn)
     except (OSError, ValueError) as e:
         raise ConfigError(
             f"ray.address={given} is invalid: cannot reach {hostport} ({e}); start a cluster with "
             "`ray start --head`, or leave ray.address=null for a local Ray"
         ) from None
+    if answer is not None:
+        # Something else listens there (the dashboard's 8265, a web server): ray.init would retry
+        # it for minutes, after the study and the trial folders were written.
+        said = f"it answered {answer!r}" if answer else "it sent nothing in 5 s"
+        raise ConfigError(f"ray.address={given} is invalid: {hostport} is not a Ray head's GCS ({said}); give the "
+                          "address `ray start --head` prints (port 6379 unless --port; 8265 is the dashboard)")
+
+
+# What a gRPC (HTTP/2) server answers a client's connection preface with: a SETTINGS frame, whose
+# 9-byte header has type 0x04 at offset 3 (RFC 9113, sections 3.4 and 4.1). Ray's GCS is gRPC.
+_HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+
+
+def _grpc_answer(conn) -> bytes | None:
+    """None if the peer answers as a gRPC server, else what it sent (b"" for nothing). Under
+    RAY_USE_TLS the GCS expects a TLS handshake first: not probed."""
+    if os.environ.get("RAY_USE_TLS", "0").lower() in ("1", "true"):
+        return None
+    conn.settimeout(5)
+    conn.sendall(_HTTP2_PREFACE)
+    data = b""
+    try:
+        while len(data) < 9:
+            chunk = conn.recv(9 - len(data))
+            if not chunk:
+                break
+            data += chunk
+    except OSError:
+        pass
+    return None if len(data) == 9 and data[3] == 0x04 else data
 
 
 def allocator_env(ray_cfg: dict[str, Any]) -> dict[str, str]:
@@ -267,21 +297,21 @@ def _release_reaper() -> None:
         _reaper = None
 
 
-def trial_resources(ray_cfg: dict[str, Any]) -> dict[str, float]:
-    """What each trial asks Ray for. A trial of several workers is a Tune trial that only builds
-    and waits on its TorchTrainer: the workers ask for the CPUs and GPUs (its ScalingConfig)."""
-    if int(ray_cfg.get("workers_per_trial") or 1) > 1:
+def trial_resources(ray_cfg: dict[str, Any], workers: int) -> dict[str, float]:
+    """What a trial of `workers` workers (its TrialSpec's) asks Ray for. A trial of several is a
+    Tune trial that only builds and waits on its TorchTrainer: the workers ask for the CPUs and
+    GPUs (its ScalingConfig)."""
+    if workers > 1:
         # Tune refuses an empty request: one byte of memory stands in for "nothing".
         return {"cpu": 0.0, "gpu": 0.0, "memory": 1.0}
     return {"cpu": float(ray_cfg.get("cpus_per_trial") or 1), "gpu": float(ray_cfg.get("gpus_per_trial") or 0)}
 
 
-def trial_slots(ray_cfg: dict[str, Any], max_concurrent: int | None) -> int | None:
-    """How many trials Tune may run at once. Trials of several workers ask Tune for nothing
-    (trial_resources), so Tune would start them all and their worker groups would wait on each
-    other: they are capped at what the connected cluster's CPUs and GPUs hold, so that trials
-    that do not fit run one after the other."""
-    workers = int(ray_cfg.get("workers_per_trial") or 1)
+def trial_slots(ray_cfg: dict[str, Any], max_concurrent: int | None, workers: int) -> int | None:
+    """How many trials Tune may run at once, `workers` the largest trial's. Trials of several
+    workers ask Tune for nothing (trial_resources), so Tune would start them all and their worker
+    groups would wait on each other: they are capped at how many of the largest the connected
+    cluster's CPUs and GPUs hold, so that trials that do not fit run one after the other."""
     if workers == 1:
         return max_concurrent
     import ray

@@ -111,10 +111,15 @@ echo LEFT; ps -e -o pid=,args= | grep -v -e 'ps -e' -e grep -e '^ *1 ' ; echo EN
 # ---- ray.address=auto finds what ray.init(address="auto") finds, or says where it looked ----
 
 CHECK = """
-import socket, sys
+import socket, sys, threading
 from core.errors import ConfigError
 from sweeper.cluster import check_reachable
 listener = socket.create_server(("0.0.0.0", 0))  # Ray swaps 127.0.0.1 for the node IP
+def answer_as_grpc():  # an HTTP/2 SETTINGS frame, as a GCS answers the probe (cluster._grpc_answer)
+    while True:
+        conn, _ = listener.accept()
+        conn.sendall(bytes([0, 0, 0, 4, 0, 0, 0, 0, 0]))
+threading.Thread(target=answer_as_grpc, daemon=True).start()
 closed = socket.create_server(("127.0.0.1", 0))
 ports = {"open": listener.getsockname()[1], "closed": closed.getsockname()[1]}
 closed.close()

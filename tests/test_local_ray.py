@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import tempfile
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -145,4 +148,34 @@ def test_a_local_ray_that_could_not_start_is_refused_and_nothing_is_left_behind(
     env = {"RAY_TMPDIR": str(ray_tmp / below)}  # a name too long for Ray's sockets where `below` is one
     proc = sweep(tmp_path, data_cache, "init.gamma=0.5,1.0", *args, "name=refused", env=env, timeout=180)
     assert proc.returncode == 1 and error_line(proc).startswith(message), proc.stderr[-2000:]
+    assert list(tmp_path.iterdir()) == [] and list(ray_tmp.iterdir()) == []  # no study, no folder, no Ray
+
+
+@pytest.mark.parametrize("reply", [b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n",
+                                   pytest.param(b"", marks=pytest.mark.slow)], ids=["web", "silent"])
+def test_an_address_where_no_ray_head_listens_is_refused_before_anything_is_written(tmp_path, data_cache, ray_tmp,
+                                                                                   reply):
+    """A port that accepts connections but is no GCS (the dashboard's 8265, a web server, a
+    silent service): ray.init would retry it for minutes after the study was written."""
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+
+    def answer():
+        conn, _ = server.accept()
+        with conn:
+            conn.recv(64)
+            if reply:
+                conn.sendall(reply)
+            time.sleep(8)  # silent: the probe's 5 s pass with nothing read
+
+    threading.Thread(target=answer, daemon=True).start()
+    try:
+        proc = sweep(tmp_path, data_cache, "init.gamma=0.5,1.0", f"ray.address=127.0.0.1:{port}", "name=notray",
+                     env={"RAY_TMPDIR": str(ray_tmp)}, timeout=180)
+    finally:
+        server.close()
+    said = "it answered b'HTTP/1.1 '" if reply else "it sent nothing in 5 s"
+    assert proc.returncode == 1 and error_line(proc) == (
+        f"error: ray.address='127.0.0.1:{port}' is invalid: 127.0.0.1:{port} is not a Ray head's GCS ({said}); give "
+        "the address `ray start --head` prints (port 6379 unless --port; 8265 is the dashboard)"), proc.stderr[-2000:]
     assert list(tmp_path.iterdir()) == [] and list(ray_tmp.iterdir()) == []  # no study, no folder, no Ray
