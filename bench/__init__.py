@@ -10,5 +10,5 @@ baseline and the measured run alternate (ABAB...), so load from other work on th
 hits both sides. Results go to bench/results.json and bench/results.md (see bench/report.py).
 """
 
-BENCHMARKS = ("trainer_vs_bare", "probe_overhead", "sweep_overhead", "sweep_overhead_make_sweep", "data_prep",
+BENCHMARKS = ("trainer_vs_bare", "probe_overhead", "sweep_overhead", "sweep_overhead_make_sweep", "dp_scaling", "data_prep",
               "cpu_bf16_speedup", "cpu_mfu", "cpu_mfu_by_width", "cpu_allocator", "cpu_compile", "gpu_mfu")

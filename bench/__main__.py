@@ -73,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         cpu_bench,
         cpu_width_bench,
         data_bench,
+        dp_bench,
         gpu_bench,
         sweep_bench,
         trainer_bench,
@@ -85,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     attempt(["cpu_allocator"], lambda _: {"cpu_allocator": allocator_bench.run(settings)})
     attempt(["cpu_compile"], lambda _: {"cpu_compile": compile_bench.run(settings)})
     attempt(["sweep_overhead", "sweep_overhead_make_sweep"], lambda names: sweep_bench.split(sweep_bench.run(settings), names))
+    attempt(["dp_scaling"], lambda _: {"dp_scaling": dp_bench.run(settings)})
     attempt(["gpu_mfu"], lambda _: {"gpu_mfu": gpu_bench.run(settings)})
 
     not_selected = provenance(machine)

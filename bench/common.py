@@ -45,6 +45,9 @@ class Settings:
     # Makefile's SWEEP_GRID, checked by tests/test_bench.py) against its pool ideal. Empty: skip.
     make_sweep_grid: tuple[str, ...] = ()
     make_sweep_overrides: tuple[str, ...] = ()  # on top of the defaults (--tiny shrinks the trials)
+    # dp_scaling: the trial (overrides on conf/config.yaml) that `sweep.py -m` trains as 2 workers
+    # x 1 thread and as 1 worker x 2 threads; empty is the default trial.
+    dp_overrides: tuple[str, ...] = ()
     # cpu_bf16_speedup: bare-loop steps per dtype; cpu_mfu: the side of the peak matmul.
     cpu_steps: int = 10
     cpu_peak_n: int = 2048
@@ -96,6 +99,7 @@ TINY = Settings(
     data_warm_repeats=3,
     make_sweep_grid=("init.gamma=0.5,1.0",),
     make_sweep_overrides=_TINY_SWEEP_TRIAL,
+    dp_overrides=_TINY_SWEEP_TRIAL,
     cpu_steps=2,
     cpu_peak_n=256,
     cpu_widths=(64, 128),

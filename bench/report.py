@@ -40,7 +40,8 @@ def rows(benchmarks: dict[str, dict]) -> list[list[str]]:
     out = []
     for name in BENCHMARKS:
         e = benchmarks.get(name)
-        if e is None:
+        if e is None:  # a benchmark added after this record's run
+            out.append([name, "-", "-", NOT_MEASURED, "-", "-", "-", "no entry in this results file"])
             continue
         if "skipped" in e or "error" in e:
             out.append([name, "-", _target(e.get("target")), _verdict(e), "-", "-", "-",
@@ -93,6 +94,14 @@ def rows(benchmarks: dict[str, dict]) -> list[list[str]]:
         elif name == "sweep_overhead_make_sweep":
             out.append([name, _f(e["ratio"], ".2f"), _target(e["target"]), _verdict(e), f"ideal {e['ideal_s']:.1f} s",
                         f"sweep {e['wall_s']:.1f} s", "1", f"{e['trials']} default trials (`make sweep`'s grid)"])
+        elif name == "dp_scaling":
+            w = [f"{x['workers']} worker{'s' if x['workers'] > 1 else ''} x {x['threads']} thread{'s' if x['threads'] > 1 else ''}"
+                 for x in (b, m)]
+            out.append([name, _f(e["ratio"], ".2f"), "-", "recorded", f"{w[0]} {b['tokens_per_s']:,.0f} tok/s",
+                        f"{w[1]} (ddp, gloo) {m['tokens_per_s']:,.0f} tok/s", str(e["repeats"]),
+                        f"range {_f(min(e['paired_ratios']), '.2f')}-{_f(max(e['paired_ratios']), '.2f')}; "
+                        f"{e['steps']} steps x {e['tokens_per_step']} tokens ({e['dtype']}), optimizer steps' own time; "
+                        f"sweep wall time {b['sweep_wall_s']:.1f} s -> {m['sweep_wall_s']:.1f} s; {e['note']}"])
         elif name == "cpu_bf16_speedup":
             out.append([name, _f(e["ratio"], ".2f"), "-", "recorded", f"fp32 {b['tokens_per_s']:,.0f} tok/s",
                         f"bf16 {m['tokens_per_s']:,.0f} tok/s", str(e.get("repeats", "-")),
@@ -145,6 +154,7 @@ def rows(benchmarks: dict[str, dict]) -> list[list[str]]:
 HEADER = ["benchmark", "figure", "target", "result", "baseline", "measured", "repeats", "notes"]
 PROVENANCE_HEADER = ["benchmark", "date", "commit", "machine", "CPU flags"]
 BEFORE_PROVENANCE = "recorded before provenance (rerun make bench)"
+NOT_MEASURED = "not measured yet"
 
 
 def provenance_rows(benchmarks: dict[str, dict]) -> list[list[str]]:
@@ -152,6 +162,7 @@ def provenance_rows(benchmarks: dict[str, dict]) -> list[list[str]]:
     for name in BENCHMARKS:
         e = benchmarks.get(name)
         if e is None:
+            out.append([name, "-", NOT_MEASURED, "-", "-"])
             continue
         p = e.get("provenance")
         if p is None:

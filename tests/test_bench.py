@@ -169,6 +169,44 @@ def test_only_writes_a_whole_file_of_its_own_run(tiny_results, tmp_path):
     assert json.loads((out / "results.json").read_text()) == before  # the other folder is untouched
 
 
+@pytest.mark.slow  # two sweeps, each starting Ray (and Ray Train on one side): minutes on 2 cores
+def test_dp_scaling_times_the_same_trial_on_two_workers_and_on_one(data_cache, tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(REPO), "SMALLINIT_CACHE": str(data_cache), "WANDB_API_KEY": ""}
+    proc = subprocess.run([sys.executable, "-m", "bench", "--tiny", "--only", "dp_scaling", "--out", str(tmp_path)],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    results = json.loads((tmp_path / "results.json").read_text())
+    e = results["benchmarks"]["dp_scaling"]
+    assert e["target"] is None and e["pass"] is None and e["repeats"] == TINY.repeats
+    b, m = e["baseline"], e["measured"]
+    assert (b["workers"], b["threads"], m["workers"], m["threads"]) == (1, 2, 2, 1)
+    assert _positive(b["tokens_per_s"]) and _positive(m["tokens_per_s"])
+    runs = e["runs"]
+    assert len(runs["baseline"]) == len(runs["measured"]) == len(e["paired_ratios"]) == e["repeats"]
+    for x, y, r in zip(runs["baseline"], runs["measured"], e["paired_ratios"]):
+        # the same trial both ways: its steps, tokens and (up to summation order) its loss
+        assert x["steps"] == y["steps"] == e["steps"] and x["tokens"] == y["tokens"]
+        assert y["final_val_loss"] == pytest.approx(x["final_val_loss"], rel=1e-2)
+        assert r == pytest.approx(y["tokens_per_s"] / x["tokens_per_s"])
+    assert e["ratio"] == pytest.approx(median(e["paired_ratios"]))
+    assert e["ratio"] == pytest.approx(m["tokens_per_s"] / b["tokens_per_s"])  # one repeat: the medians' ratio too
+    assert "not a speedup" in e["note"]
+    p = e["provenance"]
+    assert re.fullmatch(r"[0-9a-f]{40}", p["commit"]) and p["machine"]["cpu_count"] == os.cpu_count()
+    row = next(line for line in (tmp_path / "results.md").read_text().splitlines() if line.startswith("| dp_scaling |"))
+    assert "| recorded |" in row and "(ddp, gloo)" in row
+
+
+def test_a_benchmark_missing_from_the_record_renders_as_not_measured():
+    from bench.report import NOT_MEASURED
+
+    results = json.loads(bench_doc.RESULTS.read_text())
+    results["benchmarks"].pop("dp_scaling", None)
+    text = bench_doc.render(bench_doc.DOC.read_text(), results)
+    assert "| dp_scaling | - | - | not measured yet | - | - | - | no entry in this results file |" in text
+    assert f"| dp_scaling | - | {NOT_MEASURED} | - | - |" in text
+
+
 @pytest.mark.parametrize("args", [["--tiny"], ["--only", "gpu_mfu"], ["--tiny", "--only", "data_prep", "--out", str(REPO / "bench")]])
 def test_a_part_or_a_tiny_run_is_refused_in_the_record_folder(args, capsys):
     from bench.__main__ import main
