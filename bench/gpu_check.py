@@ -11,6 +11,10 @@ tokenizers or pandas): what a lent GPU machine can show in a few minutes.
    order), each at two learning rates, for one token budget: at most MAX_EPOCHS passes over the
    prepared corpus (a folder with train.bin and val.bin of uint16 token ids, e.g. the project's
    bilingual cache). The loss curves and final validation losses go to gpu_check.json.
+3. FSDP on one device: the 0.1B preset trained a few steps by run_trial under a 1-rank process
+   group (nccl on CUDA, gloo on the CPU) with trainer.distributed.Parallel("fsdp")'s sharding,
+   against the same steps unsharded (same seed and data): tokens/s, peak memory and the losses.
+   In fp32 (the CPU) they agree to 1e-5 relative; in bf16 (CUDA) the difference is reported.
 
 Prepare the data folder on a machine with the project installed (`make sweep` prepares it):
     mkdir -p .cache/gpu-data && cp ~/.cache/smallinit/bilingual-*/{train,val}.bin .cache/gpu-data/
@@ -35,6 +39,8 @@ MAX_EPOCHS = 4  # more passes than this measure memorisation, not the paper's qu
 PRESETS = ("0.1b", "1.5b")
 GAMMAS = (0.5, 1.0)
 LRS = (1e-3, 3e-3)
+FSDP_STEPS, FSDP_STEPS_TINY = 20, 4
+FSDP_RTOL = 1e-5  # sharded against unsharded losses, in fp32
 
 
 def trial_for(preset: str, gamma: float, lr: float, data: Path, vocab: int, budget: int, device: str, tiny: bool):
@@ -67,16 +73,88 @@ def mfu_section(device: torch.device, tiny: bool, log) -> dict:
     return out
 
 
+def corpus(data: Path) -> tuple[int, int]:
+    """(training tokens, vocabulary size) of a folder of train.bin and val.bin."""
+    train_tokens = np.memmap(data / "train.bin", dtype=np.uint16, mode="r")
+    vocab = int(max(int(train_tokens.max()), int(np.memmap(data / "val.bin", dtype=np.uint16, mode="r").max())) + 1)
+    return len(train_tokens), 64 * -(-vocab // 64)  # rounded up: the embedding table's rows stay aligned
+
+
+def fsdp_section(args, device: torch.device, log) -> dict:
+    """The same few steps unsharded and under FSDP2 on one rank (section 3 above)."""
+    import dataclasses
+    import gc
+    import shutil
+    import socket
+
+    import torch.distributed as dist
+
+    from trainer.distributed import Parallel
+    from trainer.loop import run_trial
+
+    cuda = device.type == "cuda"
+    if cuda:
+        device = torch.device("cuda", torch.cuda.current_device())  # Parallel sets it: it needs an index
+    _, vocab = corpus(args.data)
+    preset, steps = ("nano", FSDP_STEPS_TINY) if args.tiny else ("0.1b", FSDP_STEPS)
+    dtype = "bf16" if cuda else "fp32"
+    base = trial_for(preset, 1.0, 1e-3, args.data, vocab, 0, device.type, args.tiny)
+    t = base.train
+    trial = dataclasses.replace(base, train=dataclasses.replace(
+        t, max_tokens=None, max_steps=steps, log_every=1, eval_every=steps, eval_tokens=t.tokens_per_step,
+        per_token_eval_tokens=t.tokens_per_step, dtype=dtype, compile=False, parallel="fsdp"))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("nccl" if cuda else "gloo", rank=0, world_size=1)
+    try:
+        sides = {}
+        warm = dataclasses.replace(trial, train=dataclasses.replace(trial.train, max_steps=1, eval_every=1))
+        # A one-step run of each side first, untimed: kernels, allocator, FSDP's lazy set-up.
+        for name in ("warmup-unsharded", "warmup-fsdp", "unsharded", "fsdp"):
+            out = TrialDir(args.out / f"fsdp-{name}")
+            shutil.rmtree(out.path, ignore_errors=True)  # a finished trial there would be read, not run
+            gc.collect()
+            if cuda:
+                torch.cuda.empty_cache()
+                torch.cuda.reset_peak_memory_stats()
+            res = run_trial(warm if name.startswith("warmup") else trial, out.path, log=lambda *_: None,
+                            dist=Parallel("fsdp", device) if name.endswith("fsdp") else None)
+            if name.startswith("warmup"):
+                shutil.rmtree(out.path, ignore_errors=True)
+                continue
+            rows = [json.loads(x) for x in out.metrics.read_text().splitlines() if x.strip()]
+            sides[name] = {"tokens_per_s": res.tokens_per_s, "final_val_loss": res.final_val_loss,
+                           "peak_memory_gb": torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
+                           "train_loss": [[r["step"], r["train/loss"]] for r in rows if r.get("train/loss") is not None]}
+            for f in (out.model_weights, out.per_token_losses):
+                f.unlink(missing_ok=True)
+    finally:
+        dist.destroy_process_group()
+    a, b = sides["unsharded"], sides["fsdp"]
+    pairs = [(x[1], y[1]) for x, y in zip(a["train_loss"], b["train_loss"])] + [(a["final_val_loss"], b["final_val_loss"])]
+    worst = max(abs(y - x) / abs(x) for x, y in pairs)
+    out = {"preset": preset, "steps": steps, "dtype": dtype, "backend": "nccl" if cuda else "gloo", "world": 1,
+           "tokens_per_step": trial.train.tokens_per_step, "max_rel_loss_diff": worst,
+           # fp32 is held to 1e-5; in bf16 the two sides' rounding differs, so it is reported only.
+           "losses_agree": worst <= FSDP_RTOL if dtype == "fp32" else None,
+           "memory_note": "peak allocated over the whole run; under fsdp rank 0 also keeps the whole copy it "
+                          "evaluates with (Parallel.full_model)" if cuda else "not measured on the CPU", **sides}
+    log(f"fsdp {preset} ({dtype}, 1 rank): {b['tokens_per_s']:,.0f} tok/s against {a['tokens_per_s']:,.0f} unsharded"
+        + (f", peak {b['peak_memory_gb']:.1f} GB against {a['peak_memory_gb']:.1f}" if cuda else "")
+        + f"; losses differ by {worst:.2e} relative at most")
+    return out
+
+
 def train_section(args, device: torch.device, log) -> list[dict]:
     from trainer.loop import run_trial
 
-    train_tokens = np.memmap(args.data / "train.bin", dtype=np.uint16, mode="r")
-    vocab = int(max(int(train_tokens.max()), int(np.memmap(args.data / "val.bin", dtype=np.uint16, mode="r").max())) + 1)
-    vocab = 64 * -(-vocab // 64)  # round up: the embedding table's rows stay aligned
-    budget = min(args.tokens, MAX_EPOCHS * len(train_tokens))
+    n_train, vocab = corpus(args.data)
+    budget = min(args.tokens, MAX_EPOCHS * n_train)
     preset = "nano" if args.tiny else "0.1b"
-    log(f"train {preset}: {budget:,} tokens per run ({budget / len(train_tokens):.2f} passes over "
-        f"{len(train_tokens):,} training tokens), vocab {vocab}")
+    log(f"train {preset}: {budget:,} tokens per run ({budget / n_train:.2f} passes over "
+        f"{n_train:,} training tokens), vocab {vocab}")
     runs = []
     for gamma in GAMMAS:
         for lr in LRS:
@@ -105,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--tiny", action="store_true", help="nano model, a few steps: a smoke run anywhere")
     p.add_argument("--skip-mfu", action="store_true")
+    p.add_argument("--skip-fsdp", action="store_true")
     a = p.parse_args(argv)
     for f in ("train.bin", "val.bin"):
         if not (a.data / f).is_file():
@@ -121,6 +200,7 @@ def main(argv: list[str] | None = None) -> int:
                           "device": torch.cuda.get_device_name(0) if device.type == "cuda" else platform.processor()},
               "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     result["mfu"] = {} if a.skip_mfu else mfu_section(device, a.tiny, log)
+    result["fsdp"] = {} if a.skip_fsdp else fsdp_section(a, device, log)
     result["train"] = train_section(a, device, log)
     result["elapsed_s"] = time.perf_counter() - t0
     path = a.out / "gpu_check.json"

@@ -8,6 +8,8 @@ import math
 import subprocess
 import sys
 
+import pytest
+
 from .conftest import REPO
 
 BLOCKED = ("ray", "hydra", "omegaconf", "optuna", "wandb", "tokenizers", "pandas", "pyarrow", "scipy", "matplotlib")
@@ -32,6 +34,17 @@ def test_gpu_check_needs_only_torch_and_writes_its_record(data_cache, tmp_path):
     for r in runs:
         assert r["tokens"] == 2048 and math.isfinite(r["final_val_loss"]) and len(r["val_curve"]) >= 2
     assert record["mfu"]  # the smoke form measures shapes on the CPU
+    # FSDP2 on one gloo rank, against the same steps unsharded: in fp32 the losses agree.
+    f = record["fsdp"]
+    assert (f["preset"], f["dtype"], f["backend"], f["world"]) == ("nano", "fp32", "gloo", 1)
+    a, b = f["unsharded"], f["fsdp"]
+    assert [s for s, _ in a["train_loss"]] == [s for s, _ in b["train_loss"]] == list(range(1, f["steps"] + 1))
+    for (_, x), (_, y) in zip(a["train_loss"], b["train_loss"]):
+        assert y == pytest.approx(x, rel=1e-5)
+    assert b["final_val_loss"] == pytest.approx(a["final_val_loss"], rel=1e-5)
+    assert f["losses_agree"] is True and f["max_rel_loss_diff"] <= 1e-5
+    assert a["tokens_per_s"] > 0 and b["tokens_per_s"] > 0 and a["peak_memory_gb"] is None
+    assert not list(tmp_path.glob("fsdp-warmup*"))
 
 
 def test_gpu_check_refuses_a_folder_without_tokens(tmp_path):
