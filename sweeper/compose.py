@@ -18,6 +18,7 @@ from trainer.config import trial_config_from_dict
 from trainer.distributed import check_split
 
 from .points import PointComposer
+from .resources import trial_workers
 from .space import SweepSpace
 from .trainable import TrialSpec
 
@@ -59,7 +60,7 @@ class Composer:
                 data[key] = [str(Path(p).expanduser().absolute()) for p in given]
         trial = trial_config_from_dict(container)  # validates the data settings too
         ray_cfg, wandb_cfg = container.get("ray", {}), container.get("wandb", {})
-        workers = ray_cfg.get("workers_per_trial", 1)
+        workers = trial_workers(trial, ray_cfg)
         check_split(trial, workers)
         identity = trial.identity()
         spec = TrialSpec(

@@ -75,11 +75,14 @@ def _run(conf: SmallinitSweeperConf, loader, base: DictConfig, arguments: list[s
     else:
         grid_specs, checked = validate_sweep(composer)
     check_trials([spec.trial for spec in checked])  # every corpus read and checked before the first write
+    # ray.fit_device_gib gives each trial its own worker count: the largest must fit too.
+    most = max((spec.workers for spec in checked), default=resources.workers(ray_cfg))
+    resources.check_local_workers(ray_cfg, most)
     if ray_cfg.get("address"):
         check_reachable(ray_cfg["address"])
     lock = hold_driver_lock(sweep_dir)  # one driver per folder, from its first write to its exit
     name = str(base.get("name", "sweep"))
-    trials = _Trials(conf, ray_cfg, lock)
+    trials = _Trials(conf, ray_cfg, lock, most)
     try:
         if conf.protocol.enabled:
             study = _run_protocol(conf, composer, name, trials)
@@ -106,8 +109,8 @@ class _Trials:
     """Runs plans on Ray, started (or connected to) when the first plan has work: a rerun of
     a finished sweep needs no cluster. Sums the outcomes of every plan it ran."""
 
-    def __init__(self, conf: SmallinitSweeperConf, ray_cfg: dict[str, Any], lock):
-        self.conf, self.ray_cfg, self.lock = conf, ray_cfg, lock
+    def __init__(self, conf: SmallinitSweeperConf, ray_cfg: dict[str, Any], lock, most_workers: int):
+        self.conf, self.ray_cfg, self.lock, self.most_workers = conf, ray_cfg, lock, most_workers
         self.connected, self.started = False, False
         self.aborted: str | None = None
         self.failed = self.ended = 0
@@ -120,7 +123,7 @@ class _Trials:
             ready = _Background(import_tune)
             self.started, self.connected = connect_ray(self.ray_cfg), True
             stop.install()  # ray.init set its own SIGTERM handler
-            resources.check_cluster(self.ray_cfg)
+            resources.check_cluster(self.ray_cfg, self.most_workers)
             ready.result()
         outcome = run_trials(self.conf, self.ray_cfg, plan, lambda: self._record_without_ray(plan))
         self.aborted = self.aborted or outcome.aborted

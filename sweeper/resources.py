@@ -34,6 +34,37 @@ def workers(ray_cfg: dict[str, Any]) -> int:
     return value
 
 
+# ray.fit_device_gib's choices by trainer.memory.shape_key: the estimate traces the model, and a
+# grid has many points of few shapes.
+_fitted: dict[str, int | None] = {}
+
+
+def trial_workers(trial, ray_cfg: dict[str, Any]) -> int:
+    """The workers `trial` runs on: ray.workers_per_trial, or with ray.fit_device_gib the fewest
+    FSDP workers from there (doubling, each dividing train.batch_size) whose per-device estimate
+    fits a device of that many GiB. A trial nothing up to 64 workers fits is refused in one line."""
+    count, gib = workers(ray_cfg), ray_cfg.get("fit_device_gib")
+    if gib is None:
+        return count
+    require(isinstance(gib, int | float) and not isinstance(gib, bool) and gib > 0, "ray.fit_device_gib", gib,
+            "must be a number of GiB > 0, or null")
+    require(trial.train.parallel == "fsdp", "ray.fit_device_gib", gib,
+            f"needs train.parallel=fsdp (it chooses FSDP worker counts), not train.parallel={trial.train.parallel}")
+    from trainer.memory import estimate, fsdp_workers_to_fit, planned_dtype, shape_key
+
+    dtype = planned_dtype(trial, gpu=_number(ray_cfg, "gpus_per_trial", 0) > 0)
+    key = shape_key(trial, dtype, float(gib), count)
+    if key not in _fitted:
+        _fitted[key] = fsdp_workers_to_fit(trial, gib, dtype, start=count)
+    if _fitted[key] is None:
+        tried = [n for n in (count * 2**i for i in range(7)) if n <= min(64, trial.train.batch_size)]
+        most = max([n for n in tried if trial.train.batch_size % n == 0] or [count])
+        raise ConfigError(f"ray.fit_device_gib={gib} is invalid for model={trial.preset}: no FSDP worker count from "
+                          f"ray.workers_per_trial={count} up to 64 fits, and on {most} its "
+                          f"{estimate(trial, most, 'fsdp', dtype).line()}; raise it, or lower train.batch_size or train.seq_len")
+    return _fitted[key]
+
+
 def requested(ray_cfg: dict[str, Any]) -> tuple[float, float]:
     """(CPUs, GPUs) per trial (per worker of a trial of several), each checked for a shape Ray accepts."""
     cpus, gpus = _number(ray_cfg, "cpus_per_trial", 1), _number(ray_cfg, "gpus_per_trial", 0)
@@ -62,9 +93,19 @@ def check_local(ray_cfg: dict[str, Any]) -> None:
     where = "ray.num_cpus" if ray_cfg.get("num_cpus") else "this machine's cores"
     require(cpus <= have_cpus, "ray.cpus_per_trial", ray_cfg.get("cpus_per_trial"),
             f"the local Ray has {have_cpus:g} CPUs ({where}), so no trial could ever start; at most {have_cpus:g}")
-    count = workers(ray_cfg)
-    require(count * cpus <= have_cpus, "ray.workers_per_trial", count,
-            f"{count} workers x ray.cpus_per_trial={cpus:g} need {count * cpus:g} CPUs and the local Ray has {have_cpus:g} CPUs "
+    check_local_workers(ray_cfg, workers(ray_cfg))
+
+
+def check_local_workers(ray_cfg: dict[str, Any], count: int) -> None:
+    """The trial of `count` workers (the plan's largest) against the local Ray's CPUs and GPUs."""
+    if ray_cfg.get("address"):
+        return
+    cpus, gpus = requested(ray_cfg)
+    have_cpus = ray_cfg.get("num_cpus") or len(os.sched_getaffinity(0))
+    where = "ray.num_cpus" if ray_cfg.get("num_cpus") else "this machine's cores"
+    key, value, needs = _count_key(ray_cfg, count)
+    require(count * cpus <= have_cpus, key, value,
+            f"{needs}{count} workers x ray.cpus_per_trial={cpus:g} need {count * cpus:g} CPUs and the local Ray has {have_cpus:g} CPUs "
             f"({where}), so no trial could ever start; at most {int(have_cpus // cpus)}")
     if gpus > 0:
         have_gpus = ray_cfg.get("num_gpus")
@@ -78,23 +119,33 @@ def check_local(ray_cfg: dict[str, Any]) -> None:
         require(gpus <= have_gpus, "ray.gpus_per_trial", ray_cfg.get("gpus_per_trial"),
                 f"the local Ray has {have_gpus:g} GPUs ({where}), so no trial could ever start; "
                 "use 0 for CPU trials, or a cluster with GPUs (ray.address=...)")
-        require(count * gpus <= have_gpus, "ray.workers_per_trial", count,
-                f"{count} workers x ray.gpus_per_trial={gpus:g} need {count * gpus:g} GPUs and the local Ray has {have_gpus:g} GPUs "
+        require(count * gpus <= have_gpus, key, value,
+                f"{needs}{count} workers x ray.gpus_per_trial={gpus:g} need {count * gpus:g} GPUs and the local Ray has {have_gpus:g} GPUs "
                 f"({where}), so no trial could ever start; at most {int(have_gpus // gpus)}")
 
 
-def check_cluster(ray_cfg: dict[str, Any]) -> None:
-    """After connecting: some live node must have the CPUs and the GPUs of one trial."""
+def _count_key(ray_cfg: dict[str, Any], count: int) -> tuple[str, Any, str]:
+    """(key, value, what it asks for): where a worker count comes from, for the line refusing it."""
+    if ray_cfg.get("fit_device_gib") is None:
+        return "ray.workers_per_trial", count, ""
+    return "ray.fit_device_gib", ray_cfg["fit_device_gib"], "its largest trial's "
+
+
+def check_cluster(ray_cfg: dict[str, Any], count: int | None = None) -> None:
+    """After connecting: some live node must have the CPUs and the GPUs of one trial, and the
+    nodes together the workers of the largest (count; default ray.workers_per_trial)."""
     import ray
 
     cpus, gpus = requested(ray_cfg)
     nodes = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
-    count = workers(ray_cfg)
+    count = workers(ray_cfg) if count is None else count
     if any(node.get("CPU", 0) >= cpus and node.get("GPU", 0) >= gpus for node in nodes):
         # A trial's workers may spread over nodes, each taking one worker's share where it fits.
         room = sum(min(node.get("CPU", 0) // cpus, node.get("GPU", 0) // gpus if gpus else float("inf")) for node in nodes)
         if room < count:
-            raise ConfigError(f"ray.workers_per_trial={count} is invalid: the cluster's nodes hold {room:g} workers of "
+            key, value, needs = _count_key(ray_cfg, count)
+            head = f"{needs}{count} workers do not fit: " if needs else ""
+            raise ConfigError(f"{key}={value!r} is invalid: {head}the cluster's nodes hold {room:g} workers of "
                               f"{cpus:g} CPUs and {gpus:g} GPUs each, so no trial could ever start; at most {room:g}")
         return
     sizes = ", ".join(sorted({f"{n.get('CPU', 0):g} CPUs + {n.get('GPU', 0):g} GPUs" for n in nodes})) or "none alive"

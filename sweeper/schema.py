@@ -39,6 +39,11 @@ class RayConf:
     # Processes per trial: above 1, each trial is a Ray Train run of that many workers (train.parallel:
     # ddp or fsdp), each taking cpus_per_trial CPUs and gpus_per_trial GPUs and an equal share of train.batch_size.
     workers_per_trial: int = 1
+    # GiB of one device: when set, each trial runs on the fewest FSDP workers (ray.workers_per_trial
+    # doubled, each dividing train.batch_size) whose per-device estimate (trainer/memory.py) fits it,
+    # so one sweep over model sizes gives the small ones one worker and the large ones what they
+    # need. Needs train.parallel=fsdp. null: every trial on ray.workers_per_trial.
+    fit_device_gib: float | None = None
     # Where the local Ray (address null) listens. loopback = 127.0.0.1 only, so no other machine
     # reaches it. Where the installed Ray cannot be kept to it (a Ray outside the range pyproject.toml
     # requires, or one whose internals moved) the local Ray is not started: the sweep stops with one line

@@ -8,7 +8,6 @@ data and budget resolved, its identity, and how it would run.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,6 +23,7 @@ from trainer.schedule import budget_branches
 from . import protocol
 from .config import ProtocolConf
 from .points import PointComposer
+from .resources import trial_workers
 from .space import parse_sweep
 
 
@@ -48,17 +48,18 @@ def show(argv: list[str], conf_dir: Path) -> Iterator[str]:
         loader = GlobalHydra.instance().config_loader()
         composer = PointComposer(lambda overrides: compose("config", overrides=overrides, return_hydra_config=True),
                                  lambda path: loader.repository.group_exists(path))
-        trials, workers = [], []
+        trials, runs_on = [], []
         for point in points:
             cfg = composer.job(space.overrides_for(point))
             trial = trial_config_from_dict(cfg)
             trials.append(trial)
-            workers.append(int((cfg.get("ray") or {}).get("workers_per_trial") or 1))
+            ray_cfg = cfg.get("ray") or {}
+            runs_on.append((trial_workers(trial, ray_cfg), float(ray_cfg.get("gpus_per_trial") or 0) > 0))
             if len(trials) == 1:
                 yield from _first(trial, multirun, space, len(points))
             if multirun:
                 yield f"#   {trial.identity()}  " + " ".join(f"{k}={v}" for k, v in point.items())
-    yield from _memory(trials, workers)
+    yield from _memory(trials, runs_on)
     if not multirun:
         yield "# runs here, in this process (python sweep.py ...)"
         return
@@ -112,23 +113,24 @@ def _cost(trials: list[TrialConfig], what: str) -> str:
             "(6N + 12LdT per token, trainer.loop.flops_per_token; evaluation not counted)")
 
 
-def _memory(trials: list[TrialConfig], workers: list[int]) -> list[str]:
+def _memory(trials: list[TrialConfig], runs_on: list[tuple[int, bool]]) -> list[str]:
     """Per distinct (shape, batch, workers) of the trials: the memory one device needs
     (trainer/memory.py), and where a trial fits no large device, how many FSDP workers would
-    fit it on an 80 GB one."""
-    from trainer.memory import estimate, fsdp_workers_to_fit
+    fit it on an 80 GB one. runs_on: each trial's (workers, whether it asks for GPUs)."""
+    from trainer.memory import estimate, fsdp_workers_to_fit, planned_dtype, shape_key
 
     lines, seen = [], {}
-    for trial, n in zip(trials, workers):
-        shape, t = dataclasses.replace(trial.model, init=type(trial.model.init)()), trial.train  # init: no bytes
-        seen.setdefault(repr((shape, t.batch_size, t.seq_len, t.dtype, t.device, t.parallel, n)), []).append((trial, n))
+    for trial, (n, gpu) in zip(trials, runs_on):
+        t = trial.train
+        seen.setdefault(shape_key(trial, t.dtype, t.device, t.parallel, n, gpu), []).append((trial, n, gpu))
     for group in seen.values():
-        trial, n = group[0]
-        e = estimate(trial, n, trial.train.parallel)
-        what = f"{len(group)} trial(s) like {trial.identity()}" if len(seen) > 1 else "each trial"
+        trial, n, gpu = group[0]
+        dtype = planned_dtype(trial, gpu)
+        e = estimate(trial, n, trial.train.parallel, dtype)
+        what = f"{len(group)} trial(s) like {trial.identity()} ({trial.preset})" if len(seen) > 1 else "each trial"
         line = f"# {what}: {e.line()}"
         if not e.fits(80):
-            fit = fsdp_workers_to_fit(trial, 80)
+            fit = fsdp_workers_to_fit(trial, 80, dtype)
             line += (f"; with ray.workers_per_trial={fit} train.parallel=fsdp it fits an 80 GB device" if fit else
                      "; no FSDP worker count up to 64 fits an 80 GB device: lower train.batch_size or train.seq_len")
         lines.append(line)

@@ -52,6 +52,8 @@ def run_trials(conf: SmallinitSweeperConf, ray_cfg: dict[str, Any], plan: SweepP
     from .trainable import METRIC, run_spec
 
     composer = plan.composer
+    # Each trial's own worker count (ray.fit_device_gib gives sizes their own); the largest caps the slots.
+    most = max(s.workers for s in [*plan.checked, *(p.spec for p in plan.pending)])
     searcher = StudySearcher(plan.study, plan.space, plan.pending, plan.n_new, lambda p: composer.spec(p, write=True),
                              conf.max_failure_rate, plan.grid_distributions)
 
@@ -69,10 +71,10 @@ def run_trials(conf: SmallinitSweeperConf, ray_cfg: dict[str, Any], plan: SweepP
 
         callbacks.append(TBXLoggerCallback())
     tuner = tune.Tuner(
-        tune.with_resources(run_spec, trial_resources(ray_cfg)),
+        tune.with_resources(run_spec, lambda config: trial_resources(ray_cfg, config["spec"].workers)),
         tune_config=tune.TuneConfig(metric=METRIC, mode="min", search_alg=searcher, scheduler=_scheduler(conf, plan),
                                     num_samples=len(plan.pending) + plan.n_new,
-                                    max_concurrent_trials=trial_slots(ray_cfg, conf.max_concurrent),
+                                    max_concurrent_trials=trial_slots(ray_cfg, conf.max_concurrent, most),
                                     reuse_actors=conf.reuse_workers,
                                     trial_name_creator=_trial_name, trial_dirname_creator=_trial_name),
         run_config=tune.RunConfig(name="tune", storage_path=str(plan.sweep_dir / "ray"), callbacks=callbacks, verbose=0,

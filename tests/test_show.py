@@ -55,6 +55,7 @@ def test_bad_budgets_per_param_are_one_line_errors(trial_config, overrides, mess
 
 
 def test_gpu_scaling_law_composes_and_shows_its_plan_and_cost(tmp_path, data_cache, compose):
+    from sweeper.resources import trial_workers
     from trainer.config import trial_config_from_dict
     from trainer.loop import flops_per_token
 
@@ -82,6 +83,12 @@ def test_gpu_scaling_law_composes_and_shows_its_plan_and_cost(tmp_path, data_cac
         flops += 3 * sum(trained * tps * flops_per_token(t) for t in arms)
         if preset == "0.1b":
             assert f"0.1b, 101.43M parameters (101.43M active), {trained} steps x {tps} tokens" in out
+        # ray.fit_device_gib=80: each size on its own worker count, one memory line per shape.
+        workers = trial_workers(arms[0], {"fit_device_gib": 80, "gpus_per_trial": 1})
+        how = "1 worker, bf16" if workers == 1 else f"{workers} workers, fsdp, bf16"
+        lines = [line for line in out.splitlines() if f"({preset}): memory per device" in line]
+        assert len(lines) == 2 and all(f"memory per device ({how})" in line for line in lines), lines
+        assert (workers == 1) == (preset == "0.1b")  # 1b and 1.5b above all need several
     line = next(line for line in out.splitlines() if line.startswith("# cost of"))
     assert line.startswith(f"# cost of stage 1 (its first round): 30 trials, {total:,} tokens trained, ")
     assert float(line.split(" tokens trained, ")[1].split()[0]) == pytest.approx(flops, rel=5e-3)  # printed to 3 digits

@@ -90,10 +90,10 @@ def estimate(trial, workers: int = 1, parallel: str = "ddp", dtype: str | None =
     return MemoryEstimate(workers, parallel, dtype, weights, grads, optimizer, gathered, activations, loss)
 
 
-def fsdp_workers_to_fit(trial, device_gib: float, dtype: str | None = None, most: int = 64) -> int | None:
-    """The fewest workers (a power of 2 dividing train.batch_size) with which FSDP fits a
+def fsdp_workers_to_fit(trial, device_gib: float, dtype: str | None = None, most: int = 64, start: int = 2) -> int | None:
+    """The fewest workers (start doubled, each dividing train.batch_size) with which FSDP fits a
     device of device_gib; None if even `most` do not."""
-    workers = 2
+    workers = start
     while workers <= min(most, trial.train.batch_size):
         if trial.train.batch_size % workers == 0 and estimate(trial, workers, "fsdp", dtype).fits(device_gib):
             return workers
@@ -101,17 +101,25 @@ def fsdp_workers_to_fit(trial, device_gib: float, dtype: str | None = None, most
     return None
 
 
-def planned_dtype(trial) -> str:
+def planned_dtype(trial, gpu: bool = False) -> str:
     """What train.dtype resolves to where the trial runs: as asked; with auto, bf16 on CUDA and
-    this machine's choice on its CPU (train.device=auto is read as this machine: plan a GPU
-    trial from a CPU-only login node with train.device=cuda)."""
+    this machine's choice on its CPU. train.device=auto is read as this machine unless `gpu`
+    (the trial asks Ray for GPUs, ray.gpus_per_trial > 0): a GPU trial planned from a CPU-only
+    login node is still a bf16 trial."""
     from trainer.loop import resolve_device
     from trainer.precision import resolve_dtype
 
     device = trial.train.device
-    if trial.train.dtype != "auto" or device == "cuda":
+    if trial.train.dtype != "auto" or device == "cuda" or (gpu and device == "auto"):
         return "bf16" if trial.train.dtype == "auto" else trial.train.dtype
     return resolve_dtype(resolve_device(device), "auto").dtype
+
+
+def shape_key(trial, *rest) -> str:
+    """What an estimate depends on besides `rest`: the model's shape (its init holds no bytes),
+    train.batch_size and train.seq_len. A grid has many points and few such keys."""
+    shape = dataclasses.replace(trial.model, init=type(trial.model.init)())
+    return repr((shape, trial.train.batch_size, trial.train.seq_len, *rest))
 
 
 def saved_activation_bytes(model_config, rows: int, seq_len: int, dtype: str) -> int:
