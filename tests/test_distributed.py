@@ -97,6 +97,29 @@ def test_two_ranks_reproduce_the_one_process_loss_trajectory(trial_config, tmp_p
     assert worst < 5e-3, worst
 
 
+@pytest.mark.parametrize("kind", ["fsdp", pytest.param("ddp", marks=pytest.mark.slow)])
+def test_two_ranks_train_each_budgets_cooldown_as_one_process_does(trial_config, tmp_path, kind):
+    """train.budgets on several workers: each side trip (the stable state copied, a cooldown
+    trained, evaluated on rank 0, the state put back) gives one process's budget results."""
+    trial = trial_config("optim.schedule=wsd", "train.budgets=[1280,2560]", "train.log_every=1", "train.eval_every=10",
+                         "train.probe_every=10", "train.ckpt_every=0", "train.dtype=fp32", f"train.parallel={kind}")
+    run_trial(trial, tmp_path / "one", log=lambda *_: None)
+    _train(trial, tmp_path / "two", 2)
+    for budget in (1280, 2560):
+        one = json.loads(TrialDir(tmp_path / "one").budget_json(budget).read_text()) \
+            if budget < 2560 else TrialDir(tmp_path / "one").read_result()
+        two = json.loads(TrialDir(tmp_path / "two").budget_json(budget).read_text()) \
+            if budget < 2560 else TrialDir(tmp_path / "two").read_result()
+        assert (two["budget_tokens"], two["steps"]) == (one["budget_tokens"], one["steps"]) == (budget, budget // 128)
+        assert two["final_val_loss"] == pytest.approx(one["final_val_loss"], rel=1e-5), budget
+        assert two["final_metrics"]["train/loss"] == pytest.approx(one["final_metrics"]["train/loss"], rel=1e-5), budget
+    a, b = _losses(tmp_path / "one"), _losses(tmp_path / "two")  # the main run, put back after each side trip
+    assert sorted(a) == sorted(b)
+    for step, row in a.items():
+        for key, value in row.items():
+            assert b[step][key] == pytest.approx(value, rel=1e-5), (step, key)
+
+
 @pytest.mark.parametrize(("kind", "before", "after"), [("fsdp", 2, 1), ("ddp", 1, 2), ("ddp", 2, 2)])
 def test_a_checkpoint_resumes_under_the_same_or_another_worker_count(trial_config, tmp_path, kind, before, after):
     """A trial stopped at step 12 (checkpoint at 10) by `before` workers ends, under `after`, on

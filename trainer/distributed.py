@@ -226,5 +226,3 @@ def check_split(trial: TrialConfig, workers: int) -> None:
     require(t.parallel in PARALLEL, "train.parallel", t.parallel, f"one of {list(PARALLEL)}")
     require(t.batch_size % workers == 0, "train.batch_size", t.batch_size,
             f"must be divisible by ray.workers_per_trial={workers} (each worker trains an equal share of the global batch)")
-    require(t.budgets is None, "train.budgets", list(t.budgets or ()),
-            f"must be null with ray.workers_per_trial={workers} (budgets' side trips run in one process only)")

@@ -203,16 +203,19 @@ def run_trial(trial: TrialConfig, out_dir: Path, reporter: Reporter | None = Non
             lr = branch_lr_at(step, branch, warmup, trial.optim)
             train_step(step, lr, pending)
             if (step + 1) % sync_every == 0 or step + 1 == branch.steps:
-                loss_sum += _check_finite(pending, last_read + 1, step + 1)
+                loss_sum += _check_finite(dist.mean(pending), last_read + 1, step + 1)
                 pending.zero_()
                 last_read = step + 1
         metrics = {"train/loss": loss_sum / (branch.cooldown * t.grad_accum), "train/lr": lr,
                    "tokens": branch.steps * t.tokens_per_step}
-        model.eval()
-        metrics.update(task.evaluate(fwd, device, autocast))
-        model.train()
-        if t.probe_every:
-            metrics.update(run_probes(model, probe_idx).scalars)
+        whole = dist.full_model(model)  # every rank calls it (FSDP gathers); rank 0 evaluates
+        if dist.is_main:
+            whole.eval()
+            metrics.update(task.evaluate(fwd if dist.world == 1 else whole, device, autocast))
+            whole.train()
+            if t.probe_every:
+                metrics.update(run_probes(whole, probe_idx).scalars)
+        metrics = dist.share(metrics)
         val = metrics.get("val/loss")
         wall = time.perf_counter() - b0
         tok_s = branch.cooldown * t.tokens_per_step / max(wall, 1e-9)
@@ -224,7 +227,8 @@ def run_trial(trial: TrialConfig, out_dir: Path, reporter: Reporter | None = Non
             mfu=(tok_s * flops_tok / peak) if peak else None, dtype=precision.dtype, final_metrics=metrics,
             budget_tokens=branch.tokens,
         )
-        folder.write_budget_result(branch.tokens, asdict(result))
+        if dist.is_main:
+            folder.write_budget_result(branch.tokens, asdict(result))
         budgets_done.add(branch.tokens)
         log(f"budget {branch.tokens:,} tokens: val loss {val} (cooldown steps {branch.fork}-{branch.steps}, {wall:.1f} s)")
 
