@@ -95,6 +95,25 @@ def tiny_sweep(tmp_path_factory, data_cache) -> Path:
     return tmp / "sweeps" / "rep"
 
 
+@pytest.fixture(scope="session")
+def empty_study_db(tmp_path_factory) -> Path:
+    """An empty Optuna database, created once: its schema takes seconds to write on 2 cores."""
+    from sweeper.study import default_storage_url, open_storage
+
+    folder = tmp_path_factory.mktemp("empty-study")
+    open_storage(default_storage_url(folder)).engine.dispose()
+    return folder / "optuna.db"
+
+
+@pytest.fixture
+def study_folder(tmp_path, empty_study_db) -> Path:
+    """A sweep folder (tmp_path) holding its own copy of the empty study database."""
+    import shutil
+
+    shutil.copy(empty_study_db, tmp_path / "optuna.db")
+    return tmp_path
+
+
 # ---- tiny sweeps through the real CLI (local Ray, SQLite study), and what they leave
 
 CARD = ["init.gamma=0.5,0.75,1.0,1.25", "norm.eps=1e-5,1e-12"]

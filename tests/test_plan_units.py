@@ -5,7 +5,6 @@ it was asked to write (the real one composes Hydra configs, ~0.2 s a point)."""
 
 from __future__ import annotations
 
-import shutil
 from types import SimpleNamespace
 
 import optuna
@@ -40,19 +39,10 @@ class Points:
                                out_dir=str(TrialDir.in_sweep(self.sweep_dir, identity).path))
 
 
-@pytest.fixture(scope="module")
-def empty_db(tmp_path_factory):
-    """An empty study database, created once: Optuna's schema takes seconds to write here."""
-    folder = tmp_path_factory.mktemp("empty-study")
-    open_storage(default_storage_url(folder)).engine.dispose()
-    return folder / "optuna.db"
-
-
 @pytest.fixture
-def sweep(tmp_path, empty_db):
-    shutil.copy(empty_db, tmp_path / "optuna.db")
-    study = Study(open_storage(default_storage_url(tmp_path)), "s", optuna.samplers.RandomSampler(seed=0))
-    return SimpleNamespace(dir=tmp_path, study=study, points=Points(tmp_path))
+def sweep(study_folder):
+    study = Study(open_storage(default_storage_url(study_folder)), "s", optuna.samplers.RandomSampler(seed=0))
+    return SimpleNamespace(dir=study_folder, study=study, points=Points(study_folder))
 
 
 def _trial(sweep, gamma, state=TrialState.RUNNING, value=None, **attrs):

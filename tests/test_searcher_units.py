@@ -4,8 +4,6 @@ No Ray runtime starts; importing ray.tune for the Searcher base class takes a fe
 
 from __future__ import annotations
 
-import shutil
-
 import optuna
 import pytest
 from optuna.distributions import FloatDistribution
@@ -23,18 +21,9 @@ SEARCH = parse_sweep(["init.gamma=interval(0.5,1.25)"])
 DISTS = {"init.gamma": FloatDistribution(0.5, 1.25)}
 
 
-@pytest.fixture(scope="module")
-def empty_db(tmp_path_factory):
-    """An empty study database, created once: Optuna's schema takes seconds to write here."""
-    folder = tmp_path_factory.mktemp("empty-study")
-    open_storage(default_storage_url(folder)).engine.dispose()
-    return folder / "optuna.db"
-
-
 @pytest.fixture
-def study(tmp_path, empty_db):
-    shutil.copy(empty_db, tmp_path / "optuna.db")
-    return Study(open_storage(default_storage_url(tmp_path)), "s", optuna.samplers.RandomSampler(seed=0))
+def study(study_folder):
+    return Study(open_storage(default_storage_url(study_folder)), "s", optuna.samplers.RandomSampler(seed=0))
 
 
 def _spec(tmp_path, gamma: float, role: str | None = None) -> TrialSpec:

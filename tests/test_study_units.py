@@ -25,19 +25,9 @@ from sweeper.study import (
 DISTS = {"init.gamma": FloatDistribution(0.5, 1.25)}
 
 
-@pytest.fixture(scope="module")
-def empty_db(tmp_path_factory):
-    """An empty study database, created once: Optuna's schema takes seconds to write here."""
-    folder = tmp_path_factory.mktemp("empty-study")
-    open_storage(default_storage_url(folder)).engine.dispose()
-    return folder / "optuna.db"
-
-
 @pytest.fixture
-def sweep(tmp_path, empty_db):
-    """A sweep folder holding its own copy of the empty database."""
-    shutil.copy(empty_db, tmp_path / "optuna.db")
-    return tmp_path
+def sweep(study_folder):
+    return study_folder
 
 
 def _study(sweep_dir, name: str = "s") -> Study:
@@ -69,10 +59,10 @@ def test_create_running_records_only_the_distributions_of_its_params(sweep):
     assert study.storage.get_trial(t._trial_id).distributions == {"seed": CategoricalDistribution([0, 1])}
 
 
-def test_trial_folders_are_stored_relative_so_a_moved_sweep_folder_still_finds_them(tmp_path, empty_db):
+def test_trial_folders_are_stored_relative_so_a_moved_sweep_folder_still_finds_them(tmp_path, empty_study_db):
     old, new = tmp_path / "old", tmp_path / "new"
     old.mkdir()
-    shutil.copy(empty_db, old / "optuna.db")
+    shutil.copy(empty_study_db, old / "optuna.db")
     study = _study(old)
     study.create_running({"init.gamma": 1.0}, DISTS, identity="abc", trial_dir=str(old / "trials" / "abc"))
     outside = tmp_path / "elsewhere" / "xyz"
