@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from core.errors import require
+from core.plain import plain
 from model.config import (
     AttnConfig,
     FFNConfig,
@@ -216,7 +217,8 @@ class TrialConfig:
         return self.data.task
 
     def to_dict(self) -> dict[str, Any]:
-        return {**dataclasses.asdict(self), "data": self.data.to_dict()}
+        return {f.name: self.data.to_dict() if f.name == "data" else plain(getattr(self, f.name))
+                for f in dataclasses.fields(self)}
 
     def identity(self) -> str:
         """Hash of what determines the trial's numbers. Hardware, paths, logging and guards

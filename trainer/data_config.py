@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from core.errors import ConfigError, require
+from core.plain import plain
 
 from . import corpus as corpus_mod
 from . import shards
@@ -93,7 +94,7 @@ class CorpusData:
         return out
 
     def to_dict(self) -> dict[str, Any]:
-        return {**dataclasses.asdict(self), "paths": list(self.paths)}
+        return {**plain(self), "paths": list(self.paths)}
 
 
 @dataclass(frozen=True)
