@@ -50,7 +50,7 @@ def trial_workers(trial, ray_cfg: dict[str, Any]) -> int:
             "must be a number of GiB > 0, or null")
     require(trial.train.parallel == "fsdp", "ray.fit_device_gib", gib,
             f"needs train.parallel=fsdp (it chooses FSDP worker counts), not train.parallel={trial.train.parallel}")
-    from trainer.memory import estimate, fsdp_workers_to_fit, planned_dtype, shape_key
+    from trainer.memory import HEADROOM, estimate, fsdp_workers_to_fit, planned_dtype, shape_key
 
     dtype = planned_dtype(trial, gpu=_number(ray_cfg, "gpus_per_trial", 0) > 0)
     key = shape_key(trial, dtype, float(gib), count)
@@ -61,7 +61,8 @@ def trial_workers(trial, ray_cfg: dict[str, Any]) -> int:
         most = max([n for n in tried if trial.train.batch_size % n == 0] or [count])
         raise ConfigError(f"ray.fit_device_gib={gib} is invalid for model={trial.preset}: no FSDP worker count from "
                           f"ray.workers_per_trial={count} up to 64 fits, and on {most} its "
-                          f"{estimate(trial, most, 'fsdp', dtype).line()}; raise it, or lower train.batch_size or train.seq_len")
+                          f"{estimate(trial, most, 'fsdp', dtype).breakdown()}, above the {HEADROOM:.0%} of {gib} GiB "
+                          "planned for; raise it, or lower train.batch_size or train.seq_len")
     return _fitted[key]
 
 

@@ -54,6 +54,8 @@ def test_a_trial_no_worker_count_fits_is_refused_in_one_line_naming_its_preset_a
     message = str(e.value)
     assert message.startswith("ray.fit_device_gib=0.5 is invalid for model=0.1b: no FSDP worker count from "
                               "ray.workers_per_trial=1 up to 64 fits, and on 32 its memory per device (32 workers, fsdp, bf16): ")
+    assert message.endswith(", above the 85% of 0.5 GiB planned for; raise it, or lower train.batch_size or "
+                            "train.seq_len") and "fits a" not in message
     assert "\n" not in message
 
 

@@ -56,14 +56,17 @@ class MemoryEstimate:
         return self.total <= HEADROOM * device_gib * GIB
 
     def line(self) -> str:
+        fit = next((s for s in DEVICE_SIZES_GIB if self.fits(s)), None)
+        where = f"fits a {fit} GB device" if fit else f"fits no device up to {DEVICE_SIZES_GIB[-1]} GB"
+        return f"{self.breakdown()}; {where}"
+
+    def breakdown(self) -> str:
         how = f"{self.workers} workers, {self.parallel}, {self.dtype}" if self.workers > 1 else f"1 worker, {self.dtype}"
         extra = {"fsdp": "blocks gathered", "ddp": "DDP buckets"}.get(self.parallel if self.workers > 1 else "", "")
         parts = [f"weights {size(self.weights)}", f"AdamW {size(self.optimizer)}",
                  *([f"{extra} {size(self.gathered)}"] if extra else []),
                  f"the larger of activations {size(self.activations)} + loss {size(self.loss)} and grads {size(self.grads)}"]
-        fit = next((s for s in DEVICE_SIZES_GIB if self.fits(s)), None)
-        where = f"fits a {fit} GB device" if fit else f"fits no device up to {DEVICE_SIZES_GIB[-1]} GB"
-        return f"memory per device ({how}): {size(self.total)} = {' + '.join(parts)}; {where}"
+        return f"memory per device ({how}): {size(self.total)} = {' + '.join(parts)}"
 
 
 def size(n: int) -> str:
