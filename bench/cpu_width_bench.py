@@ -24,7 +24,7 @@ EXPERIMENT = "+experiment=scaling_law"
 
 
 def run(settings) -> dict:
-    from trainer.loop import flops_per_token
+    from trainer.config import flops_per_token
     from trainer.precision import native_bf16_flags, resolve_dtype
 
     name = "cpu_mfu_by_width"

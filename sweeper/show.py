@@ -8,6 +8,10 @@ data and budget resolved, its identity, and how it would run.
 
 from __future__ import annotations
 
+import os
+import pickle
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,7 +19,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
-from trainer.config import TrialConfig, trial_config_from_dict
+from trainer.config import TrialConfig, flops_per_token, trial_config_from_dict
 from trainer.data_check import check_trial, describe, passes
 from trainer.data_config import CorpusData
 from trainer.schedule import budget_branches
@@ -25,6 +29,11 @@ from .config import ProtocolConf
 from .points import PointComposer
 from .resources import trial_workers
 from .space import parse_sweep
+
+# From this many grid points on, the memory lines are worked out in a child process started
+# with the grid: they import torch and trace a model on the meta device, which imports
+# torch._dynamo (together ~5 s of CPU), while this process builds the points (~0.5 ms each).
+CHILD_FROM_POINTS = 1000
 
 
 def show(argv: list[str], conf_dir: Path) -> Iterator[str]:
@@ -45,6 +54,7 @@ def show(argv: list[str], conf_dir: Path) -> Iterator[str]:
             points = [{**s, pconf.seed_key: seed} for s in space.grid() for seed in pconf.tune_seeds]
             space = protocol.round_space(space, points)
         points = space.grid() if space.mode == "grid" else [{}]
+        child = _torch_side() if len(points) >= CHILD_FROM_POINTS else None
         loader = GlobalHydra.instance().config_loader()
         composer = PointComposer(lambda overrides: compose("config", overrides=overrides, return_hydra_config=True),
                                  lambda path: loader.repository.group_exists(path))
@@ -59,7 +69,12 @@ def show(argv: list[str], conf_dir: Path) -> Iterator[str]:
                 yield from _first(trial, multirun, space, len(points))
             if multirun:
                 yield f"#   {trial.identity()}  " + " ".join(f"{k}={v}" for k, v in point.items())
-    yield from _memory(trials, runs_on)
+    try:
+        yield from _memory(trials, runs_on, child)
+    finally:
+        if child is not None and child.poll() is None:
+            child.kill()
+            child.wait()
     if not multirun:
         yield "# runs here, in this process (python sweep.py ...)"
         return
@@ -105,29 +120,44 @@ def _steps_line(train) -> str:
 def _cost(trials: list[TrialConfig], what: str) -> str:
     """Tokens trained and training FLOPs (PaLM's count, as MFU is reported), summed over trials.
     No GPU throughput has been measured in this repository, so no GPU-hours are claimed."""
-    from trainer.loop import flops_per_token  # imports torch: only here, once the plan is built
-
     tokens = [trained_steps(t.train) * t.train.tokens_per_step for t in trials]
     flops = sum(n * flops_per_token(t) for n, t in zip(tokens, trials))
     return (f"# cost of {what}: {len(trials)} trials, {sum(tokens):,} tokens trained, {flops:.3g} training FLOPs "
             "(6N + 12LdT per token, trainer.loop.flops_per_token; evaluation not counted)")
 
 
-def _memory(trials: list[TrialConfig], runs_on: list[tuple[int, bool]]) -> list[str]:
+def _memory(trials: list[TrialConfig], runs_on: list[tuple[int, bool]],
+            child: subprocess.Popen | None = None) -> list[str]:
     """Per distinct (shape, batch, workers) of the trials: the memory one device needs
     (trainer/memory.py), and where a trial fits no large device, how many FSDP workers would
-    fit it on an 80 GB one. runs_on: each trial's (workers, whether it asks for GPUs)."""
-    from trainer.memory import estimate, fsdp_workers_to_fit, planned_dtype, shape_key
+    fit it on an 80 GB one. runs_on: each trial's (workers, whether it asks for GPUs). child:
+    a process from _torch_side to work them out in (default: here)."""
+    from trainer.memory import shape_key  # torch-free: torch is imported where the lines are made
 
-    lines, seen = [], {}
+    seen: dict[str, list] = {}
     for trial, (n, gpu) in zip(trials, runs_on):
         t = trial.train
         seen.setdefault(shape_key(trial, t.dtype, t.device, t.parallel, n, gpu), []).append((trial, n, gpu))
-    for group in seen.values():
-        trial, n, gpu = group[0]
+    groups = [(*group[0], len(group)) for group in seen.values()]
+    if child is not None:
+        out, _ = child.communicate(pickle.dumps(groups))
+        if child.returncode == 0:
+            kind, value = pickle.loads(out)
+            if kind == "error":
+                raise value
+            return value
+    return memory_lines(groups)  # no child, or it died: work them out here
+
+
+def memory_lines(groups: list[tuple[TrialConfig, int, bool, int]]) -> list[str]:
+    """One line per group (its first trial, workers, whether it asks for GPUs, how many trials)."""
+    from trainer.memory import estimate, fsdp_workers_to_fit, planned_dtype
+
+    lines = []
+    for trial, n, gpu, count in groups:
         dtype = planned_dtype(trial, gpu)
         e = estimate(trial, n, trial.train.parallel, dtype)
-        what = f"{len(group)} trial(s) like {trial.identity()} ({trial.preset})" if len(seen) > 1 else "each trial"
+        what = f"{count} trial(s) like {trial.identity()} ({trial.preset})" if len(groups) > 1 else "each trial"
         line = f"# {what}: {e.line()}"
         if not e.fits(80):
             fit = fsdp_workers_to_fit(trial, 80, dtype)
@@ -135,6 +165,30 @@ def _memory(trials: list[TrialConfig], runs_on: list[tuple[int, bool]]) -> list[
                      "; no FSDP worker count up to 64 fits an 80 GB device: lower train.batch_size or train.seq_len")
         lines.append(line)
     return lines
+
+
+def _torch_side() -> subprocess.Popen:
+    """A child process that imports what memory_lines needs at once, then reads the groups
+    (pickled) on stdin and writes ("lines", [...]) or ("error", exception) on stdout."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    return subprocess.Popen([sys.executable, "-c", "from sweeper.show import _child; _child()"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+
+
+def _child() -> None:
+    """The child's side: import torch and trace the smallest model on the meta device (the step
+    that imports torch._dynamo) while the parent builds the grid, then make the lines."""
+    from model.config import ModelConfig
+    from trainer.memory import saved_activation_bytes
+
+    saved_activation_bytes(ModelConfig(d_model=32, n_layers=1, n_heads=1, n_kv_heads=1, d_ff=32, vocab_size=32,
+                                       max_seq_len=8), 1, 8, "fp32")
+    groups = pickle.loads(sys.stdin.buffer.read())
+    try:
+        result = ("lines", memory_lines(groups))
+    except Exception as e:  # a ConfigError, say: the parent raises it as its own
+        result = ("error", e)
+    sys.stdout.buffer.write(pickle.dumps(result))
 
 
 def _container(node) -> dict:

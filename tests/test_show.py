@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from core.errors import ConfigError
-from sweeper.show import trained_steps
+from sweeper.show import _memory, _torch_side, trained_steps
 
 from .conftest import run_cli
 
@@ -56,8 +56,7 @@ def test_bad_budgets_per_param_are_one_line_errors(trial_config, overrides, mess
 
 def test_gpu_scaling_law_composes_and_shows_its_plan_and_cost(tmp_path, data_cache, compose):
     from sweeper.resources import trial_workers
-    from trainer.config import trial_config_from_dict
-    from trainer.loop import flops_per_token
+    from trainer.config import flops_per_token, trial_config_from_dict
 
     tokens = tmp_path / "train.bin"
     np.random.default_rng(0).integers(0, 32768, 50_000).astype(np.uint16).tofile(tokens)
@@ -92,3 +91,35 @@ def test_gpu_scaling_law_composes_and_shows_its_plan_and_cost(tmp_path, data_cac
     line = next(line for line in out.splitlines() if line.startswith("# cost of"))
     assert line.startswith(f"# cost of stage 1 (its first round): 30 trials, {total:,} tokens trained, ")
     assert float(line.split(" tokens trained, ")[1].split()[0]) == pytest.approx(flops, rel=5e-3)  # printed to 3 digits
+
+
+def test_memory_lines_from_the_child_process_equal_those_worked_out_here(trial_config):
+    trials = [trial_config(), trial_config("model.d_model=64"), trial_config("init.gamma=1.0")]
+    runs_on = [(1, False)] * 3
+    here = _memory(trials, runs_on)
+    assert len(here) == 2 and here[0].startswith("# 2 trial(s) like ")  # two shapes: gamma is not one
+    assert _memory(trials, runs_on, _torch_side()) == here
+    dead = _torch_side()
+    dead.kill()
+    dead.wait()
+    assert _memory(trials, runs_on, dead) == here  # a child that died: worked out here instead
+
+
+def test_show_of_a_large_grid_leaves_torch_to_the_child(tmp_path):
+    """From CHILD_FROM_POINTS points on, --show's own process never imports torch (~5 s with the
+    meta-device trace): the points stream while the child works out the memory lines."""
+    import subprocess
+    import sys
+
+    from sweeper.show import CHILD_FROM_POINTS
+
+    from .conftest import REPO
+
+    seeds = ",".join(str(s) for s in range(CHILD_FROM_POINTS))
+    out = subprocess.run([sys.executable, "-X", "importtime", "sweep.py", "--show", "-m", f"train.seed={seeds}",
+                          f"hydra.sweep.dir={tmp_path}"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "# each trial: memory per device (1 worker, " in out.stdout
+    assert out.stdout.count("\n#   ") == CHILD_FROM_POINTS
+    imported = [line.rsplit("|", 1)[-1].strip() for line in out.stderr.splitlines() if line.startswith("import time:")]
+    assert "hydra" in imported and "torch" not in imported

@@ -297,3 +297,13 @@ def trial_config_from_dict(cfg: Mapping[str, Any]) -> TrialConfig:
     """The trial of a composed config (the resolved Hydra config as a plain dict), as sweep.py,
     the sweeper and --show build it. Raises ConfigError naming key, value and what is allowed."""
     return TrialArgs.from_dict(cfg).build()
+
+
+def flops_per_token(trial: TrialConfig) -> float:
+    """Training FLOPs per token, PaLM's formula (Chowdhery et al. 2022, App. B):
+    6 * N_matmul + 12 * L * d * T, where N_matmul counts parameters used in matmuls by one
+    token (active experts only; the embedding lookup excluded, a tied LM head included)
+    and the second term is attention's score and value products, forward and backward."""
+    m = trial.model
+    n_matmul = m.num_params(active=True) - m.vocab_size * m.d_model * (0 if m.tie_embeddings else 1)
+    return 6.0 * n_matmul + 12.0 * m.n_layers * m.d_model * trial.train.seq_len

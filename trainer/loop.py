@@ -25,7 +25,7 @@ from core.trial_dir import TrialDir
 from model import Transformer, run_probes
 
 from .checkpoint import save_checkpoint
-from .config import TrialConfig
+from .config import TrialConfig, flops_per_token
 from .distributed import Single
 from .host_memory import retain_freed_memory
 from .precision import autocast_for, resolve_dtype
@@ -66,16 +66,6 @@ class TrialResult:
 
 # Dense bf16 peak FLOP/s of common accelerators, for MFU.
 PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10G": 125e12}
-
-
-def flops_per_token(trial: TrialConfig) -> float:
-    """Training FLOPs per token, PaLM's formula (Chowdhery et al. 2022, App. B):
-    6 * N_matmul + 12 * L * d * T, where N_matmul counts parameters used in matmuls by one
-    token (active experts only; the embedding lookup excluded, a tied LM head included)
-    and the second term is attention's score and value products, forward and backward."""
-    m = trial.model
-    n_matmul = m.num_params(active=True) - m.vocab_size * m.d_model * (0 if m.tie_embeddings else 1)
-    return 6.0 * n_matmul + 12.0 * m.n_layers * m.d_model * trial.train.seq_len
 
 
 def peak_flops(trial: TrialConfig, device: torch.device) -> float | None:
