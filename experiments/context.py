@@ -16,6 +16,7 @@ from . import claims as claims_mod
 from . import tokens as token_level
 from .budgets import BudgetFit
 from .claims import Claim
+from .effective_size import BUDGET
 from .figures import Figures
 from .load import ReportError, Sweep, recipe_variant, variant_of
 from .mechanism import Balance
@@ -134,11 +135,25 @@ class Context:
         setting, df = self.effective.baseline_setting, self.df
         if not setting:
             return None
-        return df[np.isclose(df["gamma"], self.baseline_gamma) & (df["setting"] == setting)]["variant"].iloc[0]
+        variant = df[np.isclose(df["gamma"], self.baseline_gamma) & (df["setting"] == setting)]["variant"].iloc[0]
+        if not self.has_budgets:
+            return variant
+        rows = budget_fit.arm_rows(df, variant, self.sweep.setting_cols)
+        return str(rows.loc[rows[BUDGET].idxmax(), "variant"])
 
     @cached_property
     def recipe(self) -> str | None:
-        return recipe_variant(self.df, self.base_variant)
+        df = self.df
+        if self.has_budgets and self.base_variant is not None:  # the recipe at the baseline's (largest) budget
+            df = df[df[BUDGET] == df[df["variant"] == self.base_variant][BUDGET].iloc[0]]
+        return recipe_variant(df, self.base_variant)
+
+    @cached_property
+    def has_budgets(self) -> bool:
+        """Trials with train.budgets: a variant names its budget, and the arms the other sections
+        compare are taken at the largest, the whole run, whose trials logged the curves, probes
+        and per-token losses (a smaller budget is a cooldown branch; the L(N, D) fit reads them all)."""
+        return BUDGET in self.df and self.df[BUDGET].notna().any()
 
     @cached_property
     def tokens(self) -> TokenComparison:

@@ -195,3 +195,20 @@ def test_a_budgets_sweep_under_select_then_confirm_reports_the_fit_and_a_rerun_c
         assert proc.returncode == 0, proc.stderr
         n = len(s["figures"])
         assert f"{n}/{n} figures rendered" in proc.stdout
+
+
+def test_the_other_sections_compare_the_arms_at_the_largest_budget(tmp_path):
+    """A budget row's variant names its budget; the width trend, the per-size claims and the
+    token level read the whole runs (the largest budget), whose trials logged curves, probes and
+    per-token losses; the L(N, D) fit still reads every budget."""
+    ctx = context(budget_sweep(tmp_path), tmp_path / "out")
+    top = f"tokens={max(BUDGETS):,}"
+    assert ctx.has_budgets and ctx.base_variant.endswith(top) and ctx.recipe.endswith(top)
+    assert ctx.base_variant.startswith("γ=0.5 | eps=1e-5, gate=none") and ctx.recipe.startswith("γ=1 | eps=1e-12")
+    df = ctx.df
+    gap = [(df[(df["variant"] == ctx.recipe) & (df["d_model"] == w)]["final_val_loss"].mean()
+            - df[(df["variant"] == ctx.base_variant) & (df["d_model"] == w)]["final_val_loss"].mean()) for w in WIDTHS]
+    points = ctx.width_trend.points
+    assert list(points["d_model"]) == list(WIDTHS)
+    assert np.allclose(points["gap"], gap)  # the largest budget's gaps, not the first budget's
+    assert len(ctx.budgets.base_rows) == len(WIDTHS) * 4 * len(BUDGETS)  # the fit: every budget
