@@ -212,3 +212,15 @@ def test_the_other_sections_compare_the_arms_at_the_largest_budget(tmp_path):
     assert list(points["d_model"]) == list(WIDTHS)
     assert np.allclose(points["gap"], gap)  # the largest budget's gaps, not the first budget's
     assert len(ctx.budgets.base_rows) == len(WIDTHS) * 4 * len(BUDGETS)  # the fit: every budget
+
+
+def test_the_results_page_shows_the_fit_the_cells_and_the_crossings(tmp_path):
+    from experiments.results_doc import budgets_lines
+
+    s = context(budget_sweep(tmp_path), tmp_path / "out").budgets.summary()
+    text = "\n".join(budgets_lines(s["effective_size"], s["crossover"]))
+    assert "over its 12 (width, budget) cells, N = non-embedding parameters" in text
+    rows = [line for line in text.splitlines() if line.startswith("| 128 ") or line.startswith("| 384 ")]
+    assert len(rows) == 6 and all("| 2 |" in r or "| 1.99 |" in r for r in rows)  # N_eff/N of a recipe at 2 N
+    assert text.count("- d*(D=") == len(BUDGETS) and text.count("- D*(d=") == len(WIDTHS)
+    assert "- the 0.1b preset: D*(d=640)" in text
