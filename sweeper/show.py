@@ -30,15 +30,24 @@ from .points import PointComposer
 from .resources import trial_workers
 from .space import parse_sweep
 
-# From this many grid points on, the memory lines are worked out in a child process started
-# with the grid: they import torch and trace a model on the meta device, which imports
-# torch._dynamo (together ~5 s of CPU), while this process builds the points (~0.5 ms each).
-CHILD_FROM_POINTS = 1000
+CHILD_TIMEOUT_S = 300  # a child that has not answered by then is killed and the lines made here
 
 
 def show(argv: list[str], conf_dir: Path) -> Iterator[str]:
     """The lines to print, each as soon as it is known: the first trial in full, one line per
-    trial as it is built, then what needs them all (memory per shape, cost)."""
+    trial as it is built, then what needs them all (memory per shape, cost). The memory lines
+    need torch and a trace on the meta device, which imports torch._dynamo (together ~5 s of
+    CPU): a child process started first does that while this one composes the points."""
+    child = _torch_side()
+    try:
+        yield from _show(argv, conf_dir, child)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+
+
+def _show(argv: list[str], conf_dir: Path, child: subprocess.Popen) -> Iterator[str]:
     multirun = "-m" in argv or "--multirun" in argv
     lines = [a for a in argv if not a.startswith("-")]
     # The experiment and the sweeper's own settings shape the sweep; the rest are its overrides.
@@ -54,7 +63,6 @@ def show(argv: list[str], conf_dir: Path) -> Iterator[str]:
             points = [{**s, pconf.seed_key: seed} for s in space.grid() for seed in pconf.tune_seeds]
             space = protocol.round_space(space, points)
         points = space.grid() if space.mode == "grid" else [{}]
-        child = _torch_side() if len(points) >= CHILD_FROM_POINTS else None
         loader = GlobalHydra.instance().config_loader()
         composer = PointComposer(lambda overrides: compose("config", overrides=overrides, return_hydra_config=True),
                                  lambda path: loader.repository.group_exists(path))
@@ -69,12 +77,7 @@ def show(argv: list[str], conf_dir: Path) -> Iterator[str]:
                 yield from _first(trial, multirun, space, len(points))
             if multirun:
                 yield f"#   {trial.identity()}  " + " ".join(f"{k}={v}" for k, v in point.items())
-    try:
-        yield from _memory(trials, runs_on, child)
-    finally:
-        if child is not None and child.poll() is None:
-            child.kill()
-            child.wait()
+    yield from _memory(trials, runs_on, child)
     if not multirun:
         yield "# runs here, in this process (python sweep.py ...)"
         return
@@ -140,7 +143,11 @@ def _memory(trials: list[TrialConfig], runs_on: list[tuple[int, bool]],
         seen.setdefault(shape_key(trial, t.dtype, t.device, t.parallel, n, gpu), []).append((trial, n, gpu))
     groups = [(*group[0], len(group)) for group in seen.values()]
     if child is not None:
-        out, _ = child.communicate(pickle.dumps(groups))
+        try:
+            out, _ = child.communicate(pickle.dumps(groups), timeout=CHILD_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            out, _ = child.communicate()
         if child.returncode == 0:
             kind, value = pickle.loads(out)
             if kind == "error":
