@@ -169,12 +169,15 @@ def section(name: str, s: dict, reading: str | None, command: str | None = None)
                        [[c["size"], c["setting"], f"{c['gamma']:g}", str(c["seeds"]),
                          f"{c['mean']:.4f} ± {_fmt(c['sd'])}", _fmt(c["min"]), _fmt(c["max"])]
                         for c in s["cells"]]), ""]
-        out += ["**Best γ per arm**; the margin is the runner-up's loss minus the best's, paired by seed, with its "
-                "95% interval:", ""]
-        out += [_table(["arm", "best γ", "loss", "seeds", "runner-up γ", "margin"],
-                       [[b["arm"], f"{b['best_gamma']:g}", _fmt(b["best_loss"]), str(b["seeds"]),
-                         "–" if b["runner_up"] is None else f"{b['runner_up']:g}", _margin(b["margin"])]
-                        for b in s["best_gamma"]]), ""]
+        if all(b["runner_up"] is None for b in s["best_gamma"]):
+            out += ["**Best γ per arm**: none to choose, each arm ran at one γ; the claims compare the arms.", ""]
+        else:
+            out += ["**Best γ per arm**; the margin is the runner-up's loss minus the best's, paired by seed, with "
+                    "its 95% interval:", ""]
+            out += [_table(["arm", "best γ", "loss", "seeds", "runner-up γ", "margin"],
+                           [[b["arm"], f"{b['best_gamma']:g}", _fmt(b["best_loss"]), str(b["seeds"]),
+                             "–" if b["runner_up"] is None else f"{b['runner_up']:g}", _margin(b["margin"])]
+                            for b in s["best_gamma"]]), ""]
     es = s["effective_size"]
     if es.get("fit") and "gains" in es:  # the one-budget L(N) block; a budgets record's L(N, D) block has cells
         f = es["fit"]
@@ -217,10 +220,11 @@ def protocol_lines(s: dict) -> list[str]:
     out = [f"**Learning rates.** {s['tuning']['description']}", ""]
     if s["tuning"]["chosen"]:
         axis = s["tuning"]["axes"][0]
+        rows = [[c["size"], _arm(c["setting"]), f"{c['gamma']:g}", f"{c[axis]:g}",
+                 ", ".join(f"{v:g}" for v in c[f"{axis}_tried"]), _fmt(c["loss"]),
+                 "at the edge: widen the grid" if c["at_edge"] else ""] for c in s["tuning"]["chosen"]]
         out += [_table(["size", "setting", "γ", f"best {axis}", "tried", "seed-mean loss", "flag"],
-                       [[c["size"], c["setting"], f"{c['gamma']:g}", f"{c[axis]:g}",
-                         ", ".join(f"{v:g}" for v in c[f"{axis}_tried"]), _fmt(c["loss"]),
-                         "at the edge: widen the grid" if c["at_edge"] else ""] for c in s["tuning"]["chosen"]]), ""]
+                       [r for i, r in enumerate(rows) if r not in rows[:i]]), ""]
     budget = s.get("budget") or {}
     if budget.get("comparisons"):
         out += ["**Over training.** Every loss comparison's final paired gap, and whether its sign held over the "
@@ -290,6 +294,12 @@ def _crossing(c: dict, name: str) -> str:
 
 def _g3(x) -> str:
     return "–" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{x:.3g}"
+
+
+def _arm(setting: str) -> str:
+    """A setting less its token budget: a trial with train.budgets chose one lr for all of them
+    (on its largest budget), so the budgets' rows of the lr table are one row."""
+    return ", ".join(p for p in setting.split(", ") if not p.startswith("tokens="))
 
 
 def _lr(v) -> str:

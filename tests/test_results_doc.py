@@ -136,3 +136,16 @@ def test_the_changes_note_cites_only_numbers_the_page_shows():
     page = (DOCS / "results.md").read_text().replace(changes.read_text().strip(), "")
     stray = results_doc.decimals_in(changes.read_text()) - results_doc.decimals_in(page)
     assert not stray, f"{changes} cites numbers the generated page does not show: {sorted(stray)}"
+
+
+def test_a_budgets_record_lists_each_lr_choice_once_and_no_best_gamma_table_without_a_runner_up():
+    s = json.loads((results_doc.REPO / "docs/results/width_trend/summary.json").read_text())
+    chosen = s["tuning"]["chosen"]
+    s["tuning"]["chosen"] = [dict(c, setting=f"{c['setting']}, tokens={t:,}") for c in chosen for t in (1000, 2000)]
+    text = results_doc.section("width_trend", s, None)
+    lr_table = text.split("**Learning rates.**")[1].split("\n**")[0]
+    lr_rows = [line for line in lr_table.splitlines() if line.startswith("| micro")]
+    assert not any("tokens=" in line for line in lr_rows)
+    assert len(lr_rows) == len(chosen)  # one per trial's choice, not one per budget
+    assert all(b["runner_up"] is None for b in s["best_gamma"])
+    assert "**Best γ per arm**: none to choose, each arm ran at one γ" in text and "| runner-up γ |" not in text
