@@ -153,7 +153,7 @@ def _memory(trials: list[TrialConfig], runs_on: list[tuple[int, bool]],
             if kind == "error":
                 raise value
             return value
-    return memory_lines(groups)  # no child, or it died: work them out here
+    return memory_lines(groups)  # no child, or it failed: here, where a failure shows its traceback
 
 
 def memory_lines(groups: list[tuple[TrialConfig, int, bool, int]]) -> list[str]:
@@ -176,7 +176,8 @@ def memory_lines(groups: list[tuple[TrialConfig, int, bool, int]]) -> list[str]:
 
 def _torch_side() -> subprocess.Popen:
     """A child process that imports what memory_lines needs at once, then reads the groups
-    (pickled) on stdin and writes ("lines", [...]) or ("error", exception) on stdout."""
+    (pickled) on stdin and writes ("lines", [...]) or ("error", ConfigError) on stdout; on any
+    other failure it exits non-zero and the parent makes the lines itself."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     return subprocess.Popen([sys.executable, "-c", "from sweeper.show import _child; _child()"],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
@@ -185,17 +186,19 @@ def _torch_side() -> subprocess.Popen:
 def _child() -> None:
     """The child's side: import torch and trace the smallest model on the meta device (the step
     that imports torch._dynamo) while the parent builds the grid, then make the lines."""
+    from core.errors import ConfigError
     from model.config import ModelConfig
     from trainer.memory import saved_activation_bytes
 
+    answer, sys.stdout = sys.stdout.buffer, sys.stderr  # stdout carries the answer alone
     saved_activation_bytes(ModelConfig(d_model=32, n_layers=1, n_heads=1, n_kv_heads=1, d_ff=32, vocab_size=32,
                                        max_seq_len=8), 1, 8, "fp32")
     groups = pickle.loads(sys.stdin.buffer.read())
     try:
         result = ("lines", memory_lines(groups))
-    except Exception as e:  # a ConfigError, say: the parent raises it as its own
+    except ConfigError as e:  # the parent raises it as its own one-line error
         result = ("error", e)
-    sys.stdout.buffer.write(pickle.dumps(result))
+    answer.write(pickle.dumps(result))
 
 
 def _container(node) -> dict:
