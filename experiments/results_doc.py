@@ -9,7 +9,8 @@ Every number in docs/results.md comes from a committed docs/results/<exp>/summar
 of the report's); the only hand-written text is docs/results/<exp>/reading.md, our reading of
 the numbers, included verbatim, and docs/results/<exp>/command.txt where the record was run with
 more than the experiment's own command (more seeds, say; one command per line, run in order
-into the same sweep folder). `--collect` also shrinks the figures
+into the same sweep folder); docs/results/<exp>/checks.md, where present, is the output of a
+check the record names (experiments/wsd_check.py for scaling_law), shown verbatim. `--collect` also shrinks the figures
 worth keeping to small PNGs.
 """
 
@@ -140,7 +141,7 @@ def _margin(m: dict | None) -> str:
     return f"{m['diff']:+.4f} [{m['lo']:+.4f}, {m['hi']:+.4f}]"
 
 
-def section(name: str, s: dict, reading: str | None, command: str | None = None) -> str:
+def section(name: str, s: dict, reading: str | None, command: str | None = None, checks: str | None = None) -> str:
     out = [f"## {name}", "", "```", experiment_header(name), "```", ""]
     commands = (command or f"python sweep.py -m +experiment={name}").splitlines()
     shown = ", then ".join(f"`{c.strip()}`" for c in commands if c.strip())
@@ -189,6 +190,8 @@ def section(name: str, s: dict, reading: str | None, command: str | None = None)
                         for g in es.get("gains") or []]), ""]
     if es.get("fit") and "cells" in es:
         out += budgets_lines(es, s.get("crossover") or {})
+    if checks:  # docs/results/<exp>/checks.md: the output of a check the record names, kept verbatim
+        out += ["**Checks.**", "", checks.strip(), ""]
 
     out += ["**Claims.**", ""]
     out += [_table(["claim", "verdict", "why"], [[c["claim"], f"**{c['verdict']}**", c["reason"]]
@@ -212,6 +215,13 @@ def section(name: str, s: dict, reading: str | None, command: str | None = None)
     if reading:
         out += ["**Reading.**", "", reading.strip(), ""]
     return "\n".join(out)
+
+
+def record_texts(folder: Path, reading: bool = True) -> tuple[str | None, str | None, str | None]:
+    """A record's reading.md (None with reading=False), command.txt and checks.md, where present."""
+    def text(name: str) -> str | None:
+        return (folder / name).read_text().strip() if (folder / name).exists() else None
+    return text("reading.md") if reading else None, text("command.txt"), text("checks.md")
 
 
 def protocol_lines(s: dict) -> list[str]:
@@ -324,9 +334,7 @@ def render(docs: Path) -> str:
             rows.append([name, "not run", "–", "–", "–"])
             continue
         s = json.loads(path.read_text())
-        reading_path, command_path = path.parent / "reading.md", path.parent / "command.txt"
-        sections.append(section(name, s, reading_path.read_text() if reading_path.exists() else None,
-                                command_path.read_text().strip() if command_path.exists() else None))
+        sections.append(section(name, s, *record_texts(path.parent)))
         shown = [c for c in s["claims"] if c["verdict"] not in ("not enough data", "not run") and not is_check(c)]
         verdicts = "; ".join(f"{c['claim']}: **{c['verdict']}**" for c in shown) or "nothing decided"
         rows.append([f"[{name}](#{name})", protocol_of(s), dtype_of(s),

@@ -1,6 +1,8 @@
 """Does a WSD cooldown branch (train.budgets) reach the loss of a dedicated cosine run of its
 budget? Pairs each cosine trial of one sweep with the branch of another sweep's trial that is the
-same model, arm, lr and seeds at that budget, and gives the paired difference per budget.
+same model, arm and seeds at that budget, each at the lr its own sweep chose (the confirm trials
+of a select-then-confirm sweep; every trial of a sweep without one), and gives the paired
+difference per budget.
 
     python -m experiments.wsd_check --wsd sweeps/scaling_law --cosine sweeps/wsd_check [--out check.md]
 
@@ -18,8 +20,8 @@ import pandas as pd
 
 from .stats import t_interval
 
-# What makes a branch and a cosine run the same trial but for the schedule.
-MATCH = ("d_model", "n_layers", "gamma", "eps", "gate", "norm", "lr", "init_seed", "train_seed")
+# What makes a branch and a cosine run the same trial but for the schedule and its lr.
+MATCH = ("d_model", "n_layers", "gamma", "eps", "gate", "norm", "init_seed", "train_seed")
 LOSS = "final_val_loss"
 
 
@@ -28,24 +30,28 @@ def _complete(sweep: Path) -> pd.DataFrame:
     if not path.is_file():
         raise SystemExit(f"error: {path} is missing: run that sweep's command first")
     df = pd.read_parquet(path)
-    return df[(df["state"] == "COMPLETE") & np.isfinite(df[LOSS])]
+    df = df[(df["state"] == "COMPLETE") & np.isfinite(df[LOSS])]
+    return df[df["role"] == "confirm"] if "role" in df and (df["role"] == "confirm").any() else df
 
 
 def pair(wsd: pd.DataFrame, cosine: pd.DataFrame) -> pd.DataFrame:
     """One row per cosine trial with its branch: budget, seeds, both losses, wsd - cosine."""
-    branches = wsd[wsd["budget_tokens"].notna()].assign(budget=lambda d: d["budget_tokens"].astype(int))
-    runs = cosine[cosine["budget_tokens"].isna()].assign(budget=lambda d: d["tokens"].astype(int))
+    def budget(d: pd.DataFrame) -> pd.Series:  # a one-budget trial's row may leave budget_tokens empty
+        return (d["budget_tokens"] if "budget_tokens" in d else d["tokens"]).fillna(d["tokens"]).astype(int)
+
+    branches, runs = wsd.assign(budget=budget), cosine.assign(budget=budget)
     keys = [*MATCH, "budget"]
-    joined = runs[[*keys, LOSS]].merge(branches[[*keys, LOSS]], on=keys, suffixes=("_cosine", "_wsd"))
+    joined = runs[[*keys, "lr", LOSS]].merge(branches[[*keys, "lr", LOSS]], on=keys, suffixes=("_cosine", "_wsd"))
     return joined.assign(diff=joined[f"{LOSS}_wsd"] - joined[f"{LOSS}_cosine"]).sort_values(["budget", "train_seed"])
 
 
 def table(pairs: pd.DataFrame) -> str:
-    lines = ["| budget [tokens] | seeds | WSD branch | cosine run | WSD − cosine | 95% interval |",
-             "|---|---|---|---|---|---|"]
+    lines = ["| budget [tokens] | seeds | lr WSD | lr cosine | WSD branch | cosine run | WSD − cosine | 95% interval |",
+             "|---|---|---|---|---|---|---|---|"]
     for budget, g in pairs.groupby("budget"):
         mean, lo, hi = t_interval(g["diff"].to_numpy())
-        lines.append(f"| {budget:,} | {', '.join(str(int(s)) for s in g['train_seed'])} | "
+        lrs = [", ".join(f"{v:g}" for v in sorted(g[f"lr_{side}"].unique())) for side in ("wsd", "cosine")]
+        lines.append(f"| {budget:,} | {', '.join(str(int(s)) for s in g['train_seed'])} | {lrs[0]} | {lrs[1]} | "
                      f"{g[f'{LOSS}_wsd'].mean():.4f} | {g[f'{LOSS}_cosine'].mean():.4f} | {mean:+.4f} | "
                      f"[{lo:+.4f}, {hi:+.4f}] |")
     return "\n".join(lines)
@@ -62,9 +68,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: no cosine trial of {args.cosine} matches a branch of {args.wsd} (same {', '.join(MATCH)} "
               "and budget)", file=sys.stderr)
         return 1
-    text = table(pairs) + ("\n\nPer pair (loss in nats/token):\n\n" +
-                           pairs[["budget", "train_seed", f"{LOSS}_wsd", f"{LOSS}_cosine", "diff"]]
-                           .to_markdown(index=False, floatfmt=".4f"))
+    text = (f"A WSD cooldown branch against a dedicated cosine run of its budget (`python -m experiments.wsd_check "
+            f"--wsd {args.wsd.name} --cosine {args.cosine.name}`): paired by seed, each at the lr its own sweep "
+            f"chose; final validation loss, nats/token.\n\n" + table(pairs))
     print(text)
     if args.out:
         args.out.write_text(text + "\n")
