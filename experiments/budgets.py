@@ -63,10 +63,14 @@ class BudgetFit:
 
 
 def arm_rows(df: pd.DataFrame, variant: str | None, setting_cols: list[str]) -> pd.DataFrame:
-    """Every budget's rows of the arm `variant` belongs to: its γ and setting, less the budget."""
+    """Every budget's rows of the arm `variant` belongs to: its γ and setting, less the budget.
+    `variant` may be labelled without the budget (the largest-budget sweep's label)."""
     if variant is None:
         return df.iloc[:0]
-    ref = df[df["variant"] == variant].iloc[0]
+    same = df[df["variant"].map(arm_label) == arm_label(variant)]
+    if same.empty:
+        return df.iloc[:0]
+    ref = same.iloc[0]
     mask = np.isclose(df["gamma"].astype(float), float(ref["gamma"]))
     for col in (c for c in setting_cols if c not in NOT_ARM):
         mask &= (df[col] == ref[col]) | (df[col].isna() & pd.isna(ref[col]))

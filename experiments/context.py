@@ -16,7 +16,6 @@ from . import claims as claims_mod
 from . import tokens as token_level
 from .budgets import BudgetFit
 from .claims import Claim
-from .effective_size import BUDGET
 from .figures import Figures
 from .load import ReportError, Sweep, recipe_variant, variant_of
 from .mechanism import Balance
@@ -69,6 +68,9 @@ class Context:
     gammas: tuple[float, ...]  # residual-balance gammas
     n_boot: int
     log: Callable[[str], object]
+    # Every budget's rows where trials ran train.budgets (load.load_report): the L(N, D) fit and
+    # the crossover read them; `sweep`, which every other analysis reads, has each trial's largest.
+    budget_sweep: Sweep | None = None
 
     def analyse(self) -> None:
         """The shared analyses in one fixed order, before any section draws: a ReportError (no
@@ -127,7 +129,8 @@ class Context:
         >= 2 widths (budgets.py); None for a one-budget sweep, which keeps the L(N) fit."""
         if self.anchor:
             return None
-        return budget_fit.analyse(self.sweep, self.base_variant, self.recipe, self.metric, self.n_boot)
+        return budget_fit.analyse(self.budget_sweep or self.sweep, self.base_variant, self.recipe, self.metric,
+                                  self.n_boot)
 
     @cached_property
     def base_variant(self) -> str | None:
@@ -135,25 +138,11 @@ class Context:
         setting, df = self.effective.baseline_setting, self.df
         if not setting:
             return None
-        variant = df[np.isclose(df["gamma"], self.baseline_gamma) & (df["setting"] == setting)]["variant"].iloc[0]
-        if not self.has_budgets:
-            return variant
-        rows = budget_fit.arm_rows(df, variant, self.sweep.setting_cols)
-        return str(rows.loc[rows[BUDGET].idxmax(), "variant"])
+        return df[np.isclose(df["gamma"], self.baseline_gamma) & (df["setting"] == setting)]["variant"].iloc[0]
 
     @cached_property
     def recipe(self) -> str | None:
-        df = self.df
-        if self.has_budgets and self.base_variant is not None:  # the recipe at the baseline's (largest) budget
-            df = df[df[BUDGET] == df[df["variant"] == self.base_variant][BUDGET].iloc[0]]
-        return recipe_variant(df, self.base_variant)
-
-    @cached_property
-    def has_budgets(self) -> bool:
-        """Trials with train.budgets: a variant names its budget, and the arms the other sections
-        compare are taken at the largest, the whole run, whose trials logged the curves, probes
-        and per-token losses (a smaller budget is a cooldown branch; the L(N, D) fit reads them all)."""
-        return BUDGET in self.df and self.df[BUDGET].notna().any()
+        return recipe_variant(self.df, self.base_variant)
 
     @cached_property
     def tokens(self) -> TokenComparison:

@@ -122,7 +122,26 @@ def _extra_params(df: pd.DataFrame) -> list[str]:
     return out
 
 
-def load(dirs: list[Path], metric: str = LOSS) -> Sweep:
+def load_report(dirs: list[Path], metric: str = LOSS) -> tuple[Sweep, Sweep | None]:
+    """(the sweep every section reads, the sweep with every budget's rows or None). With
+    train.budgets a trial has a row per budget: the sections read its largest, the whole run
+    (which logged the curves, probes and per-token losses; the others are cooldown branches),
+    and only the L(N, D) fit and the crossover read them all (budgets.py)."""
+    every = load(dirs, metric)
+    if not has_branches(every.results):
+        return every, None
+    return load(dirs, metric, budgets="largest"), every
+
+
+def has_branches(results: pd.DataFrame) -> bool:
+    """Some trial has rows at more than one token budget (train.budgets)."""
+    if schema.BUDGET_TOKENS not in results or schema.TRIAL_IDENTITY not in results or results[schema.BUDGET_TOKENS].isna().all():
+        return False
+    return bool((results.groupby(schema.TRIAL_IDENTITY)[schema.BUDGET_TOKENS].nunique() > 1).any())
+
+
+def load(dirs: list[Path], metric: str = LOSS, budgets: str = "all") -> Sweep:
+    """budgets="largest": of a trial with several budgets, only its largest budget's row."""
     frames = []
     for d in dirs:
         try:
@@ -139,6 +158,9 @@ def load(dirs: list[Path], metric: str = LOSS) -> Sweep:
         raise ReportError(f"{', '.join(str(d) for d in dirs)}: results.parquet has no trials")
     if schema.IDENTITY in results:
         results = results.drop_duplicates(schema.IDENTITY, keep="first").reset_index(drop=True)
+    if budgets == "largest" and has_branches(results):
+        largest = results.groupby(schema.TRIAL_IDENTITY)[schema.BUDGET_TOKENS].transform("max")
+        results = results[results[schema.BUDGET_TOKENS].isna() | (results[schema.BUDGET_TOKENS] == largest)].reset_index(drop=True)
     for col in (*SIZE_COLS, *SEED_COLS, *BASE_SETTING_COLS, *EXTRA_SETTING_COLS, *OPTIM_COLS, "gamma", "n_params", metric,
                 schema.STATE, schema.FAIL_REASON, "unigram_entropy", "attn_sink", "saturation", "residual_ratio", "wall_s", "dtype", "corpus_tokens"):
         if col not in results:

@@ -25,7 +25,7 @@ from . import sections as S
 from . import sections_mechanism as M
 from .context import Context
 from .figures import Figures
-from .load import LOSS, ReportError, load, resolve_dirs
+from .load import LOSS, ReportError, load_report, resolve_dirs
 from .render import Block, to_html, to_markdown
 
 DEFAULT_WIDTHS = (64, 128, 256, 512, 1024, 2048)
@@ -67,12 +67,13 @@ def build(dirs: list[Path], out_root: Path = Path("reports"), baseline_gamma: fl
     `arms`: the two variant selectors of the token-level comparison (A then B); by default the
     paper's recipe against the effective-size baseline."""
     t0 = time.time()
-    sweep = load(dirs, metric)
+    sweep, budget_sweep = load_report(dirs, metric)
     out = Path(out_root) / sweep.name
     out.mkdir(parents=True, exist_ok=True)
     for old in out.glob("*.png"):
         old.unlink()
-    ctx = Context(sweep, Figures(out), metric, baseline_gamma, baseline, arms, tuple(widths), tuple(gammas), n_boot, log)
+    ctx = Context(sweep, Figures(out), metric, baseline_gamma, baseline, arms, tuple(widths), tuple(gammas), n_boot, log,
+                  budget_sweep)
     ctx.analyse()
     blocks: list[Block] = []
     parts: dict = {}

@@ -24,7 +24,7 @@ from experiments import sections as S
 from experiments.context import Context
 from experiments.effective_size import non_embedding_params
 from experiments.figures import Figures
-from experiments.load import LOSS, load
+from experiments.load import LOSS, load_report
 from experiments.render import to_html, to_markdown
 from model import AttnConfig, ModelConfig
 from model.config import llama_d_ff
@@ -70,7 +70,8 @@ def budget_sweep(root: Path, budget_list=BUDGETS, seeds: int = 4, noise: float =
 
 def context(sweep_dir: Path, out: Path, n_boot: int = 20) -> Context:
     out.mkdir(parents=True, exist_ok=True)
-    return Context(load([sweep_dir]), Figures(out), LOSS, 0.5, None, None, (64, 128), (0.5, 1.0), n_boot, lambda _: None)
+    sweep, budget_sweep = load_report([sweep_dir])
+    return Context(sweep, Figures(out), LOSS, 0.5, None, None, (64, 128), (0.5, 1.0), n_boot, lambda _: None, budget_sweep)
 
 
 def test_a_recipe_at_twice_n_is_worth_twice_n_with_the_trend_claims_from_the_surface(tmp_path):
@@ -198,19 +199,18 @@ def test_a_budgets_sweep_under_select_then_confirm_reports_the_fit_and_a_rerun_c
 
 
 def test_the_other_sections_compare_the_arms_at_the_largest_budget(tmp_path):
-    """A budget row's variant names its budget; the width trend, the per-size claims and the
-    token level read the whole runs (the largest budget), whose trials logged curves, probes and
-    per-token losses; the L(N, D) fit still reads every budget."""
+    """With train.budgets every section but the L(N, D) fit and the crossover reads each trial's
+    largest budget, the whole run, whose trials logged curves, probes and per-token losses; the
+    fit reads every budget."""
     ctx = context(budget_sweep(tmp_path), tmp_path / "out")
-    top = f"tokens={max(BUDGETS):,}"
-    assert ctx.has_budgets and ctx.base_variant.endswith(top) and ctx.recipe.endswith(top)
+    assert set(ctx.df["budget_tokens"]) == {max(BUDGETS)} and len(ctx.df) == len(WIDTHS) * 2 * 4
     assert ctx.base_variant.startswith("γ=0.5 | eps=1e-5, gate=none") and ctx.recipe.startswith("γ=1 | eps=1e-12")
     df = ctx.df
     gap = [(df[(df["variant"] == ctx.recipe) & (df["d_model"] == w)]["final_val_loss"].mean()
             - df[(df["variant"] == ctx.base_variant) & (df["d_model"] == w)]["final_val_loss"].mean()) for w in WIDTHS]
     points = ctx.width_trend.points
     assert list(points["d_model"]) == list(WIDTHS)
-    assert np.allclose(points["gap"], gap)  # the largest budget's gaps, not the first budget's
+    assert np.allclose(points["gap"], gap)  # the largest budget's gaps
     assert len(ctx.budgets.base_rows) == len(WIDTHS) * 4 * len(BUDGETS)  # the fit: every budget
 
 
