@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from .claims import Claim
-from .crossover import Crossing, Crossover, crossover, paying_budget, preset_width
+from .crossover import Crossing, Crossover, crossover, paying_budget, preset_width, saddle_text
 from .effective_size import (
     BUDGET,
     EffectiveSize,
@@ -366,7 +366,8 @@ def section(bf: BudgetFit, figs, metric: str) -> tuple[list[Block], dict]:
         blocks.append(Block("p", f"Per confirm seed ({', '.join(co.seeds)}), gap = recipe − baseline at each cell, "
                                  f"fitted to {co.as_dict()['model']} (ln d·ln D only with ≥ 3 widths and ≥ 3 budgets). "
                                  "d*(D), D*(d): where the seeds' mean fit is 0; intervals where the seeds' fitted gaps "
-                                 "have a 95% t-interval holding 0, cut to the measured range."))
+                                 "have a 95% t-interval holding 0, cut to the measured range. "
+                                 + saddle_text(co.saddle())))
         blocks.append(Block("figure", figs.save(gap_map(bf, metric), "gap_map",
                                                 "The fitted recipe − baseline gap over (width, budget), seed mean; "
                                                 "blue: the recipe is ahead; dots: measured cells with their measured gap.")))

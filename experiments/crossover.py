@@ -32,6 +32,9 @@ from .effective_size import LOSS, cell_seeds, json_float
 WIDTH_RANGE, BUDGET_RANGE = (8.0, 1e6), (1e4, 1e13)
 GRID_POINTS = 4001
 COEF_NAMES = ("b0", "b1 (ln d)", "b2 (ln D)", "b3 (ln d ln D)")
+# A saddle offset |r| below this (nats) puts the fitted zero set on the saddle's two lines, for
+# every practical purpose: CPU-record gaps are tenths of a nat (Crossover.saddle).
+SADDLE_NEAR_NATS = 0.01
 CONF_MODEL = Path(__file__).resolve().parents[1] / "conf" / "model"
 
 
@@ -68,14 +71,41 @@ class Crossover:
     d_star: list[Crossing] = field(default_factory=list)  # one per measured budget
     budget_star: list[Crossing] = field(default_factory=list)  # one per measured width
 
+    def saddle(self) -> dict | None:
+        """With the interaction term the seeds' mean fit is b3·ln(d/d0)·ln(D/D0) + r, d0 =
+        exp(-b2/b3), D0 = exp(-b1/b3), r = b0 - b1·b2/b3: its zero set is a hyperbola about the
+        lines d = d0 and D = D0, on them when r = 0. Then every d*(D) sits near d0 and every D*(d)
+        near D0 by the form of the fit (D*(d) = D0·exp(-r / (b3·ln(d/d0)))), not by measurement."""
+        if not self.interaction or not len(self.coefs):
+            return None
+        b0, b1, b2, b3 = (float(v) for v in self.coefs.mean(0))
+        if b3 == 0 or max(abs(b1 / b3), abs(b2 / b3)) > 700:  # a saddle at no representable width or budget
+            return None
+        r = b0 - b1 * b2 / b3
+        return dict(d_model=json_float(math.exp(-b2 / b3)), budget_tokens=json_float(math.exp(-b1 / b3)),
+                    offset_nats=json_float(r), near_lines=abs(r) < SADDLE_NEAR_NATS)
+
     def as_dict(self) -> dict:
         names = COEF_NAMES[: self.coefs.shape[1]]
         return dict(
             status=self.status, model=" + ".join(names), interaction=self.interaction, seeds=self.seeds,
             widths=self.widths, budgets=[json_float(b) for b in self.budgets],
             coefs_mean={n: json_float(v) for n, v in zip(names, self.coefs.mean(0))} if len(self.coefs) else {},
+            saddle=self.saddle(),
             d_star=[dict(budget_tokens=json_float(c.at), **c.as_dict()) for c in self.d_star],
             budget_star=[dict(d_model=int(c.at), **c.as_dict()) for c in self.budget_star])
+
+
+def saddle_text(saddle: dict | None) -> str:
+    """One sentence on the fitted surface's saddle (Crossover.saddle), or ""."""
+    if not saddle or saddle["offset_nats"] is None:
+        return ""
+    text = (f"The mean fit is b3·ln(d/d0)·ln(D/D0) + r with d0 = {saddle['d_model']:.3g}, "
+            f"D0 = {saddle['budget_tokens']:.3g} tokens, r = {saddle['offset_nats']:+.4f} nats")
+    if saddle["near_lines"]:
+        return (text + f": with |r| below {SADDLE_NEAR_NATS:g} nats its zero set runs along d = d0 and D = D0, so "
+                "every d*(D) is near d0 and every D*(d) near D0 by the form of the fit, not as separate measurements.")
+    return text + "."
 
 
 def crossover(baseline: pd.DataFrame, recipe: pd.DataFrame, metric: str = LOSS) -> Crossover:

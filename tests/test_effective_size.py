@@ -225,3 +225,23 @@ def test_summary_dict_is_json_with_both_blocks():
     assert [c["budget_tokens"] for c in out["crossover"]["d_star"]] == [float(b) for b in BUDGETS]
     assert [c["d_model"] for c in out["crossover"]["budget_star"]] == list(CPU["widths"])
     assert out["crossover"]["pays_at_preset"]["preset"] == "0.1b" and out["crossover"]["pays_at_preset"]["extrapolated"]
+
+
+def test_a_saddle_shaped_gap_is_named_and_its_crossings_are_read_as_one_point():
+    """gap = 0.2·ln(d/160)·ln(D/6e5): the zero set is the lines d = 160 and D = 6e5, so every
+    width's D* is 6e5 by the form of the fit; the report says so (saddle_text)."""
+    from experiments.crossover import saddle_text
+
+    rng = np.random.default_rng(7)
+    base = frame(CPU, BUDGETS, lambda n, b, d: law(n, b), seeds=4)
+    rec = base.copy()
+    rec["final_val_loss"] += (0.2 * np.log(rec["d_model"] / 160) * np.log(rec["budget_tokens"] / 6e5)
+                              + rng.normal(0, 0.001, len(rec)))
+    co = crossover(base, rec)
+    s = co.saddle()
+    assert s["d_model"] == pytest.approx(160, rel=0.05) and s["budget_tokens"] == pytest.approx(6e5, rel=0.05)
+    assert abs(s["offset_nats"]) < 0.005 and s["near_lines"]
+    assert all(c.point == pytest.approx(6e5, rel=0.1) for c in co.budget_star)
+    assert "its zero set runs along d = d0 and D = D0" in saddle_text(s)
+    additive = crossover(*gap_frames()).saddle()  # no interaction in truth: far from the lines
+    assert additive is None or (not additive["near_lines"] and "runs along" not in saddle_text(additive))
