@@ -52,19 +52,24 @@ report: install ## Build the HTML report of the newest sweep (or SWEEP=dir[,dir.
 	$(PY) -m experiments.report $(if $(SWEEP),--sweep $(SWEEP),) $(ARGS)
 
 # The CPU forms of the paper's studies (conf/experiment/), each with the command(s) its record names
-# (docs/results/<exp>/command.txt, else the experiment alone); a rerun skips finished trials. All
-# but scaling select each lr on a tuning seed, then compare confirm seeds, in one command; each
-# experiment's header gives its trial count and estimated time (about 5 h in all in fp32; scaling,
-# still in its previous form, about 2 of them).
-EXPERIMENTS ?= width_trend gamma_scan eps_fix gate scaling moe anchor
+# (docs/results/<exp>/command.txt, else the experiment alone), then its report and any check the
+# record shows (docs/results/<exp>/checks.txt: commands that write checks.md); a rerun skips
+# finished trials. All but scaling select each lr on a tuning seed, then compare confirm seeds, in
+# one command; each experiment's header gives its trial count and estimated time (about 5 h in all
+# in fp32 for the first seven; scaling_law, the effective-size record, about 6 h more).
+EXPERIMENTS ?= width_trend gamma_scan eps_fix gate scaling moe anchor scaling_law
 
-experiments: install ## Run every CPU experiment, report each, rewrite docs/results.md (~5 h on 2 cores, estimated)
+experiments: install ## Run every CPU experiment, report each, rewrite docs/results.md (~11 h on 2 cores, estimated)
 	set -e; for e in $(EXPERIMENTS); do \
 	  cmds=docs/results/$$e/command.txt; \
 	  if [ -f $$cmds ]; then \
 	    while read -r c; do [ -z "$$c" ] || $(PY) $${c#python } $(ARGS) < /dev/null; done < $$cmds; \
 	  else $(PY) sweep.py -m +experiment=$$e $(ARGS); fi; \
 	  $(PY) -m experiments.report --sweep sweeps/$$e; \
+	  checks=docs/results/$$e/checks.txt; \
+	  if [ -f $$checks ]; then \
+	    while read -r c; do [ -z "$$c" ] || $(PY) $${c#python } < /dev/null; done < $$checks; \
+	  fi; \
 	done
 	$(PY) -m experiments.results_doc --collect
 
