@@ -160,7 +160,8 @@ def load(dirs: list[Path], metric: str = LOSS, budgets: str = "all") -> Sweep:
         results = results.drop_duplicates(schema.IDENTITY, keep="first").reset_index(drop=True)
     if budgets == "largest" and has_branches(results):
         largest = results.groupby(schema.TRIAL_IDENTITY)[schema.BUDGET_TOKENS].transform("max")
-        results = results[results[schema.BUDGET_TOKENS].isna() | (results[schema.BUDGET_TOKENS] == largest)].reset_index(drop=True)
+        keep = results[schema.BUDGET_TOKENS].isna() | largest.isna() | (results[schema.BUDGET_TOKENS] == largest)
+        results = results[keep].reset_index(drop=True)
     for col in (*SIZE_COLS, *SEED_COLS, *BASE_SETTING_COLS, *EXTRA_SETTING_COLS, *OPTIM_COLS, "gamma", "n_params", metric,
                 schema.STATE, schema.FAIL_REASON, "unigram_entropy", "attn_sink", "saturation", "residual_ratio", "wall_s", "dtype", "corpus_tokens"):
         if col not in results:
