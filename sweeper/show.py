@@ -177,10 +177,11 @@ def memory_lines(groups: list[tuple[TrialConfig, int, bool, int]]) -> list[str]:
 def _torch_side() -> subprocess.Popen:
     """A child process that imports what memory_lines needs at once, then reads the groups
     (pickled) on stdin and writes ("lines", [...]) or ("error", ConfigError) on stdout; on any
-    other failure it exits non-zero and the parent makes the lines itself."""
+    other failure it exits non-zero and the parent makes the lines itself, where the failure
+    shows (so the child's stderr is not shown twice)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     return subprocess.Popen([sys.executable, "-c", "from sweeper.show import _child; _child()"],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
 
 
 def _child() -> None:
