@@ -3,7 +3,7 @@
 cpu_bf16_speedup: the bare training loop's tokens/s under bf16 autocast / in fp32, same trial,
     same steps, alternating. Recorded on every CPU; on one without native bf16 instructions the
     bf16 side is emulated (tens of times slower), so it runs fewer steps and the entry says so.
-cpu_mfu: run_trial's model FLOPs/s (PaLM's count, trainer.loop.flops_per_token, over the
+cpu_mfu: run_trial's model FLOPs/s (PaLM's count, trainer.config.flops_per_token, over the
     training steps' own time) / the measured GFLOP/s of a large square matmul in the same dtype
     and thread count: how close training gets to what this CPU can do. Target >= 0.5.
 """

@@ -2,7 +2,7 @@
 (conf/experiment/scaling_law.yaml: micro, 4 layers, heads of 32, batch 8 x seq 128) at each of
 its widths, since that sets the record's cost.
 
-MFU = model FLOPs/s (PaLM's count, trainer.loop.flops_per_token: 6 x the matmul parameters,
+MFU = model FLOPs/s (PaLM's count, trainer.config.flops_per_token: 6 x the matmul parameters,
 head included, + attention's 12 L d T, per token, x the bare loop's tokens/s over its steps'
 own time) / the best GFLOP/s of a large square matmul in the same dtype and threads. The peak
 is timed just before and just after each width's steps (the best of both), so machine load

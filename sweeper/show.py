@@ -126,7 +126,7 @@ def _cost(trials: list[TrialConfig], what: str) -> str:
     tokens = [trained_steps(t.train) * t.train.tokens_per_step for t in trials]
     flops = sum(n * flops_per_token(t) for n, t in zip(tokens, trials))
     return (f"# cost of {what}: {len(trials)} trials, {sum(tokens):,} tokens trained, {flops:.3g} training FLOPs "
-            "(6N + 12LdT per token, trainer.loop.flops_per_token; evaluation not counted)")
+            "(6N + 12LdT per token, trainer.config.flops_per_token; evaluation not counted)")
 
 
 def _memory(trials: list[TrialConfig], runs_on: list[tuple[int, bool]],
