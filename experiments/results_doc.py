@@ -24,7 +24,9 @@ import shutil
 import sys
 from pathlib import Path
 
-from .crossover import saddle_text
+from .md_table import fmt as _fmt
+from .md_table import table as _table
+from .results_budgets import budgets_lines
 from .valnoise import record_sentence
 
 REPO = Path(__file__).resolve().parent.parent
@@ -107,19 +109,6 @@ def protocol_of(s: dict) -> str:
     if not is_current(s):
         return "previous"
     return "per-lr" if s["tuning"]["axes"] else "one lr"
-
-
-def _fmt(x, spec: str = ".4f") -> str:
-    if x is None or (isinstance(x, float) and not math.isfinite(x)):
-        return "–"
-    return format(x, spec)
-
-
-def _table(header: list[str], rows: list[list[str]]) -> str:
-    esc = lambda v: str(v).replace("|", "\\|").replace("\n", " ")  # noqa: E731
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(esc(v) for v in r) + " |" for r in rows]
-    return "\n".join(lines)
 
 
 def experiment_header(name: str) -> str:
@@ -263,50 +252,6 @@ def protocol_lines(s: dict) -> list[str]:
         else:
             out += [f"No fit: {w['status']}.", ""]
     return out
-
-
-def budgets_lines(es: dict, co: dict) -> list[str]:
-    """A several-budget record's L(N, D) fit, the recipe's N_eff/N and compute multiplier per
-    measured cell, and where the fitted gap crosses 0 (experiments/budgets.py)."""
-    f, t = es["fit"], es.get("fit_total_n") or {}
-    total = (f" (with total N: α = {t['alpha']:.4f}, β = {t['beta']:.4f})" if t else "")
-    out = [f"**Effective size.** The baseline ({es['baseline']}) fitted to L(N, D) = E + A·N^-α + B·D^-β over its "
-           f"{es['baseline_cells']} (width, budget) cells, N = {es['n']}: E = {f['E']:.4f}, A = {f['A']:.4g}, "
-           f"α = {f['alpha']:.4f}, B = {f['B']:.4g}, β = {f['beta']:.4f}{total}. The recipe ({es['recipe']}) "
-           f"at each cell, as the baseline of N_eff parameters at the same D, and the factor of baseline compute "
-           f"({es['compute']}) that reaches its loss; {es['interval']} intervals:", ""]
-    ci = lambda c, k: f"[{_g3(c[k + '_ci'][0])}, {_g3(c[k + '_ci'][1])}]" if c.get(k + "_ci") else "–"  # noqa: E731
-    out += [_table(["d_model", "budget [tokens]", "N", "recipe loss", "seeds", "N_eff / N", "95% interval",
-                    "compute multiplier", "95% interval"],
-                   [[str(c["d_model"]), f"{c['budget_tokens']:,.0f}", f"{c['n_nonembed']:,.0f}", _fmt(c["loss"]),
-                     str(c["seeds"]), _g3(c["n_eff_ratio"]), ci(c, "n_eff_ratio"), _g3(c["compute_multiplier"]),
-                     ci(c, "compute_multiplier")] for c in es["cells"]]), ""]
-    if co.get("status") == "fit":
-        saddle = saddle_text(co.get("saddle"))
-        out += [f"**Crossover.** Per confirm seed, gap = recipe − baseline fitted to {co['model']}; below, where the "
-                "seeds' mean fit is 0, with the interval where their fits' 95% t-interval holds 0."
-                + (f" {saddle}" if saddle else ""), ""]
-        out += [f"- {_crossing(c, 'd*(D=' + format(c['budget_tokens'], ',.0f') + ')')}" for c in co["d_star"]]
-        out += [f"- {_crossing(c, 'D*(d=' + str(c['d_model']) + ')')}" for c in co["budget_star"]]
-        if co.get("pays_at_preset"):
-            c = co["pays_at_preset"]
-            out += [f"- the {c['preset']} preset: {_crossing(c, 'D*(d=' + str(c['d_model']) + ')')}"]
-        out += [""]
-    elif co:
-        out += [f"**Crossover.** No fit: {co['status']}.", ""]
-    return out
-
-
-def _crossing(c: dict, name: str) -> str:
-    if c["point"] is None:
-        return f"{name}: no crossing ({c['note']}; the recipe is ahead {c['pays']})"
-    flags = [c["kind"], f"small init pays {c['pays']} it", *(["extrapolated"] if c["extrapolated"] else []),
-             *([c["note"]] if c["note"] else [])]
-    return f"{name} = {_g3(c['point'])} [{_g3(c['lo'])}, {_g3(c['hi'])}] ({'; '.join(flags)})"
-
-
-def _g3(x) -> str:
-    return "–" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{x:.3g}"
 
 
 def _arm(setting: str) -> str:
