@@ -41,6 +41,9 @@ class Settings:
     sweep_wandb_disabled: bool  # also time the headline sweep with wandb.mode=disabled
     data_cold_repeats: int
     data_warm_repeats: int
+    # data_prep on the first N documents of the bundled corpus, as a text corpus (the same BPE
+    # training and tokenising); None: the bundled corpus whole, as a trial prepares it.
+    data_docs: int | None = None
     # sweep_overhead also times `make sweep` itself (its grid on the default trials; the
     # Makefile's SWEEP_GRID, checked by tests/test_bench.py) against its pool ideal. Empty: skip.
     make_sweep_grid: tuple[str, ...] = ()
@@ -97,6 +100,7 @@ TINY = Settings(
     sweep_wandb_disabled=False,
     data_cold_repeats=1,
     data_warm_repeats=3,
+    data_docs=200,  # ~7% of its tokens: the cold prepare takes seconds, not a minute
     make_sweep_grid=("init.gamma=0.5,1.0",),
     make_sweep_overrides=_TINY_SWEEP_TRIAL,
     dp_overrides=_TINY_SWEEP_TRIAL,

@@ -169,13 +169,9 @@ def test_only_writes_a_whole_file_of_its_own_run(tiny_results, tmp_path):
     assert json.loads((out / "results.json").read_text()) == before  # the other folder is untouched
 
 
-@pytest.mark.slow  # two sweeps, each starting Ray (and Ray Train on one side): minutes on 2 cores
-def test_dp_scaling_times_the_same_trial_on_two_workers_and_on_one(data_cache, tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(REPO), "SMALLINIT_CACHE": str(data_cache), "WANDB_API_KEY": ""}
-    proc = subprocess.run([sys.executable, "-m", "bench", "--tiny", "--only", "dp_scaling", "--out", str(tmp_path)],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    results = json.loads((tmp_path / "results.json").read_text())
+@pytest.mark.slow
+def test_dp_scaling_times_the_same_trial_on_two_workers_and_on_one(tiny_results):
+    out, results, _ = tiny_results
     e = results["benchmarks"]["dp_scaling"]
     assert e["target"] is None and e["pass"] is None and e["repeats"] == TINY.repeats
     b, m = e["baseline"], e["measured"]
@@ -193,7 +189,7 @@ def test_dp_scaling_times_the_same_trial_on_two_workers_and_on_one(data_cache, t
     assert "not a speedup" in e["note"]
     p = e["provenance"]
     assert re.fullmatch(r"[0-9a-f]{40}", p["commit"]) and p["machine"]["cpu_count"] == os.cpu_count()
-    row = next(line for line in (tmp_path / "results.md").read_text().splitlines() if line.startswith("| dp_scaling |"))
+    row = next(line for line in (out / "results.md").read_text().splitlines() if line.startswith("| dp_scaling |"))
     assert "| recorded |" in row and "(ddp, gloo)" in row
 
 
