@@ -22,7 +22,7 @@ ARGS ?=
 # The main job: the paper's two knobs on the CPU default model (8 trials, a few minutes).
 SWEEP_GRID ?= init.gamma=0.5,0.75,1.0,1.25 norm.eps=1e-5,1e-12
 
-.PHONY: help install sweep run test test-full report experiments bench lint dashboard clean
+.PHONY: help install sweep run test test-slow test-full report experiments bench lint dashboard clean
 
 help: ## Show this help
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -44,6 +44,9 @@ run: install ## Train one trial with the defaults (ARGS=... to override)
 
 test: install ## Run the tests (not marked slow)
 	$(PY) -m pytest -m "not slow" --durations=60 $(ARGS)
+
+test-slow: install ## Run only the tests marked slow (CI runs them after `make test`)
+	$(PY) -m pytest -m slow --durations=30 $(ARGS)
 
 test-full: install ## Run every test, slow ones included
 	$(PY) -m pytest $(ARGS)
