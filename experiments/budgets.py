@@ -36,8 +36,9 @@ from .effective_size import (
 )
 from .figures import LOSS_Y, color_map, plt
 from .load import Sweep
+from .paired import t_interval
 from .render import Block
-from .stats import CONTRADICTED, INCONCLUSIVE, NOT_RUN, SUPPORTED, t_interval
+from .stats import CONTRADICTED, INCONCLUSIVE, NOT_RUN, SUPPORTED
 
 PRESET = "0.1b"  # the paper's smallest model: the width at which the paying budget is read
 # Setting columns that name a budget row's budget (or follow it), not the arm.

@@ -8,7 +8,7 @@ mean(d_s) excludes 0. One shared seed decides nothing.
 A ranking read while the gap is still moving ranks learning speed, not end points: where the
 trials logged validation loss during training, the paired gap is computed at every evaluation,
 and a comparison counts only if the sign of the mean gap held over the last quarter of
-training (SETTLE_FRACTION).
+training (curves.py).
 
 Each loss comparison is at each side's own best lr (tuning.py). Where the side behind chose the
 smallest or largest lr tried, a wider grid can only lower its loss and so shrink the gap: the
@@ -20,7 +20,7 @@ contradicted (one real and settled in the opposite direction after Holm's correc
 claim's comparisons: the one-sided t p against the claim, adjusted, at most ALPHA_ONE_SIDED),
 inconclusive (the rest, with the smallest effect the data excludes), not run (nothing to
 compare). Each paired comparison also carries an exact sign-flip p (no normality assumed),
-shown beside the t-interval; with n pairs it cannot go below 2/2^n (0.25 at n = 3). Every
+shown beside the t-interval (paired.py); with n pairs it cannot go below 2/2^n (0.25 at n = 3). Every
 trial is scored on the same validation tokens, so the t-interval leaves out validation-sampling
 error: loss comparisons whose trials saved per-token losses also carry that SE, the seed SE and
 an interval from a bootstrap over seeds and validation windows (valnoise.py), beside the t-interval.
@@ -28,7 +28,6 @@ an interval from a bootstrap over seeds and validation windows (valnoise.py), be
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import asdict, dataclass
 
@@ -37,7 +36,9 @@ import pandas as pd
 from scipy import stats
 
 from . import valnoise
-from .load import SEED_COLS, read_metrics
+from .curves import contrast_over_training, gap_over_training, settled
+from .load import SEED_COLS
+from .paired import holm, signflip_p, t_interval, t_pvalues
 from .tuning import EDGE_COL, OPTIM_COLS, ROLE_COL, TUNE_SEEDS_COL
 
 ONE_SEED = "one seed"
@@ -47,14 +48,9 @@ A_HIGHER = "A higher"
 
 SUPPORTED, CONTRADICTED, INCONCLUSIVE, NOT_RUN = "supported", "contradicted", "inconclusive", "not run"
 VERDICTS = (SUPPORTED, CONTRADICTED, INCONCLUSIVE, NOT_RUN)
-# The ranking must hold over this last fraction of training to count.
-SETTLE_FRACTION = 0.25
 # One tail of the two-sided 95% interval: "contradicted" needs the Holm-adjusted one-sided p
 # against the claim at or below this.
 ALPHA_ONE_SIDED = 0.025
-# Up to this many pairs the sign-flip p enumerates all 2^n flips; above, it samples them.
-SIGNFLIP_EXACT_MAX = 16
-SIGNFLIP_DRAWS = 200_000
 
 
 @dataclass
@@ -148,72 +144,6 @@ def _optim_text(optim: dict | None) -> str:
 def _optim_of(frame: pd.DataFrame) -> dict | None:
     out = {c: sorted(float(v) for v in frame[c].dropna().unique()) for c in OPTIM_COLS if c in frame}
     return {k: v for k, v in out.items() if v} or None
-
-
-def t_interval(d: np.ndarray) -> tuple[float, float, float]:
-    d = np.asarray(d, dtype=float)
-    m = float(d.mean())
-    if len(d) < 2:
-        return m, float("nan"), float("nan")
-    half = stats.t.ppf(0.975, len(d) - 1) * d.std(ddof=1) / math.sqrt(len(d))
-    return m, m - half, m + half
-
-
-def t_pvalues(d) -> tuple[float, float]:
-    """The paired t-test's one-sided p-values (for mean < 0, for mean > 0); nan with < 2 pairs.
-    Their smaller one is below 0.025 exactly when the 95% t-interval excludes 0 on that side."""
-    d = np.asarray(d, dtype=float)
-    if len(d) < 2:
-        return float("nan"), float("nan")
-    m, sd = float(d.mean()), float(d.std(ddof=1))
-    if sd == 0:
-        return (0.0, 1.0) if m < 0 else (1.0, 0.0) if m > 0 else (1.0, 1.0)
-    t = m / (sd / math.sqrt(len(d)))
-    return float(stats.t.cdf(t, len(d) - 1)), float(stats.t.sf(t, len(d) - 1))
-
-
-def signflip_p(d, alternative: str = "two-sided") -> float:
-    """Exact permutation p of the paired differences' mean over all 2^n sign flips (under the
-    null each difference is as likely to have either sign). `alternative`: "two-sided", "less"
-    (mean < 0) or "greater". Ties with the observed mean count as at least as extreme. Above
-    SIGNFLIP_EXACT_MAX pairs the flips are sampled (seeded): (1 + hits) / (1 + draws)."""
-    if alternative not in ("two-sided", "less", "greater"):
-        raise ValueError(f"alternative={alternative!r} is invalid: must be two-sided, less or greater")
-    d = np.asarray(d, dtype=float)
-    n = len(d)
-    if n == 0:
-        return float("nan")
-    if n <= SIGNFLIP_EXACT_MAX:
-        bits = (np.arange(2**n)[:, None] >> np.arange(n)) & 1  # (2^n, n): every sign pattern once
-        signs = 1 - 2 * bits
-    else:
-        signs = np.random.default_rng(0).choice([-1, 1], size=(SIGNFLIP_DRAWS, n))
-    sums, obs = signs @ d, float(d.sum())
-    tol = 1e-9 * max(1.0, float(np.abs(d).sum()))  # float sums of the same terms in another order
-    if alternative == "two-sided":
-        hits = np.abs(sums) >= abs(obs) - tol
-    elif alternative == "less":
-        hits = sums <= obs + tol
-    else:
-        hits = sums >= obs - tol
-    if n <= SIGNFLIP_EXACT_MAX:
-        return float(hits.mean())
-    return float((1 + hits.sum()) / (1 + len(sums)))
-
-
-def holm(pvalues) -> list[float]:
-    """Holm's step-down adjusted p-values, in the input order: the k-th smallest of m is
-    multiplied by (m - k + 1), made non-decreasing along that order and capped at 1. Calling a
-    hypothesis false where its adjusted p <= alpha keeps the family-wise error at most alpha."""
-    p = np.asarray(pvalues, dtype=float)
-    bad = [x for x in p if not 0 <= x <= 1]
-    if bad:
-        raise ValueError(f"holm: p-value {float(bad[0])!r} is invalid: each must be in [0, 1]")
-    adjusted, running = np.empty(len(p)), 0.0
-    for k, i in enumerate(np.argsort(p, kind="stable")):
-        running = max(running, min(1.0, (len(p) - k) * float(p[i])))
-        adjusted[i] = running
-    return adjusted.tolist()
 
 
 def _against(c: Comparison, want: str) -> float:
@@ -311,16 +241,8 @@ def interaction(a1: pd.DataFrame, b1: pd.DataFrame, a0: pd.DataFrame, b0: pd.Dat
         c.status = ONE_SEED
         return c
     if curve:
-        cs = [_curves(f, curve, cols) for f in frames]
-        if all(len(x) for x in cs):
-            joined = pd.concat(dict(zip("abcd", cs)), axis=1).dropna()
-            trend = []
-            for step, g in joined.groupby(level="step"):
-                m, lo, hi = t_interval(((g["a"] - g["b"]) - (g["c"] - g["d"])).to_numpy())
-                trend.append(dict(step=int(step), n=len(g), diff=m, lo=lo if math.isfinite(lo) else None,
-                                  hi=hi if math.isfinite(hi) else None))
-            c.over_training = trend or None
-            c.settled, c.settle_note = settled(c.over_training, c.diff)
+        c.over_training = contrast_over_training(frames, (1, -1, -1, 1), curve, cols)
+        c.settled, c.settle_note = settled(c.over_training, c.diff)
         edges = sorted({e for f in frames for e in f.get(EDGE_COL, pd.Series(dtype=str)).dropna() if e})
         if edges and c.status in (A_HIGHER, A_LOWER):
             # Any of the four cells at its grid's edge could move the contrast either way.
@@ -356,68 +278,6 @@ def _compare(a: pd.DataFrame, b: pd.DataFrame, value: str, pair_cols) -> Compari
     if se > 0:  # Welch's one-sided p-values; no sign flips without pairs
         c.p_lower, c.p_higher = float(stats.t.cdf(diff / se, dof)), float(stats.t.sf(diff / se, dof))
     return c
-
-
-def _curves(frame: pd.DataFrame, key: str, pair_cols) -> pd.DataFrame:
-    """Per seed pair and step: the mean of `key` over the frame's trials with that seed."""
-    rows = []
-    for _, r in frame.iterrows():
-        m = _read_metrics(r.get("metrics_path"))
-        if m.empty or key not in m:
-            continue
-        m = m[["step", key]].dropna()
-        rows.append(m.assign(**{c: r[c] for c in pair_cols}))
-    if not rows:
-        return pd.DataFrame()
-    return pd.concat(rows).groupby([*pair_cols, "step"])[key].mean()
-
-
-def _read_metrics(path) -> pd.DataFrame:
-    # Several claims compare the same trials: read each curve once per report.
-    return _read_metrics_cached(path) if isinstance(path, str) else pd.DataFrame()
-
-
-@functools.lru_cache(maxsize=4096)
-def _read_metrics_cached(path: str) -> pd.DataFrame:
-    return read_metrics(path)
-
-
-def gap_over_training(a: pd.DataFrame, b: pd.DataFrame, key: str, pair_cols=SEED_COLS) -> list[dict] | None:
-    """The paired gap A - B at every evaluation both sides logged, with its 95% interval."""
-    ca, cb = _curves(a, key, list(pair_cols)), _curves(b, key, list(pair_cols))
-    if len(ca) == 0 or len(cb) == 0:
-        return None
-    joined = pd.concat({"a": ca, "b": cb}, axis=1).dropna()
-    if joined.empty:
-        return None
-    out = []
-    for step, g in joined.groupby(level="step"):
-        m, lo, hi = t_interval((g["a"] - g["b"]).to_numpy())
-        out.append(dict(step=int(step), n=len(g), diff=m, lo=lo if math.isfinite(lo) else None,
-                        hi=hi if math.isfinite(hi) else None))
-    return out
-
-
-def settled(trend: list[dict] | None, final: float | None = None,
-            fraction: float = SETTLE_FRACTION) -> tuple[bool | None, str]:
-    """Did the sign of the mean gap hold over the last `fraction` of training? The sign is the
-    comparison's own final gap (`final`; default the curve's last point), and training ends at
-    the last evaluation every seed pair logged."""
-    if not trend:
-        return None, "no gap over training (no logged validation curves)"
-    pairs = max(t["n"] for t in trend) if all("n" in t for t in trend) else None
-    full = [t for t in trend if pairs is None or t["n"] == pairs]
-    last = full[-1]["step"]
-    tail = [t for t in full if (1 - fraction) * last <= t["step"] and t["step"] > 0]
-    if len(tail) < 2:
-        return None, (f"ranking over the last {fraction:.0%} of training not checked: {len(tail)} evaluation(s) "
-                      "there (evaluate more often)")
-    final = full[-1]["diff"] if final is None or not math.isfinite(final) else final
-    flips = [t["step"] for t in tail if np.sign(t["diff"]) != np.sign(final)]
-    if flips:
-        return False, (f"ranking still changing: the mean gap had the other sign at step {flips[-1]} of {last} "
-                       f"(final {final:+.4f})")
-    return True, f"ranking held over the last {fraction:.0%} of training ({len(tail)} evaluations)"
 
 
 def outcome(c: Comparison, want: str) -> str:

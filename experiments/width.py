@@ -24,8 +24,8 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from scipy import stats as sps
 
+from .paired import t_interval
 from .stats import A_LOWER, compare, outcome
 
 # Widths over which the crossover band is searched (log-spaced; beyond this it is "unbounded").
@@ -57,14 +57,6 @@ class WidthTrend:
                                              "crossover_hi", "crossover_note", "fit_widths", "fit_note")}
         out["points"] = self.points.to_dict("records") if not self.points.empty else []
         return out
-
-
-def _t_interval(x: np.ndarray) -> tuple[float, float, float]:
-    m = float(np.mean(x))
-    if len(x) < 2:
-        return m, float("nan"), float("nan")
-    half = sps.t.ppf(0.975, len(x) - 1) * float(np.std(x, ddof=1)) / math.sqrt(len(x))
-    return m, m - half, m + half
 
 
 def heads_of(trials: pd.DataFrame) -> int | None:
@@ -141,7 +133,7 @@ def width_trend(df: pd.DataFrame, recipe: str | None, baseline: str | None, metr
         coefs.append((a, b))
         trend.per_seed.append(dict(seed=s, intercept=float(a), slope=float(b)))
     a_s, b_s = np.array(coefs).T
-    trend.slope, trend.slope_lo, trend.slope_hi = _t_interval(b_s)
+    trend.slope, trend.slope_lo, trend.slope_hi = t_interval(b_s)
     trend.intercept = float(a_s.mean())
     _crossover(trend, a_s, b_s, widths)
     return trend
@@ -160,7 +152,7 @@ def _crossover(trend: WidthTrend, a_s: np.ndarray, b_s: np.ndarray, widths: list
         if lo_x <= root <= hi_x:
             trend.crossover = float(math.exp(root))
     grid = np.linspace(lo_x, hi_x, 2000)
-    holds_zero = np.array([lo <= 0 <= hi for lo, hi in (_t_interval(a_s + b_s * x)[1:] for x in grid)])
+    holds_zero = np.array([lo <= 0 <= hi for lo, hi in (t_interval(a_s + b_s * x)[1:] for x in grid)])
     limits = f"{SEARCH_WIDTHS[0]:g}–{SEARCH_WIDTHS[1]:g}"
     if not holds_zero.any():
         side = "below" if (a_s + b_s * grid[0]).mean() < 0 else "above"

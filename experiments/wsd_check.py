@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .stats import t_interval
+from .paired import t_interval
 
 # What makes a branch and a cosine run the same trial but for the schedule and its lr.
 MATCH = ("d_model", "n_layers", "gamma", "eps", "gate", "norm", "init_seed", "train_seed")

@@ -14,9 +14,10 @@ import pytest
 
 from experiments import claims as claims_mod
 from experiments.context import best_gamma_table
+from experiments.curves import settled
 from experiments.load import load
 from experiments.report import build
-from experiments.stats import A_LOWER, compare, settled, verdict
+from experiments.stats import A_LOWER, compare, verdict
 from experiments.width import width_trend
 
 from .conftest import result_row, width_sweep, write_results

@@ -11,17 +11,8 @@ import pytest
 
 from experiments import claims as claims_mod
 from experiments.load import ReportError, load
-from experiments.stats import (
-    A_LOWER,
-    compare,
-    from_diffs,
-    holm,
-    judge,
-    outcome,
-    signflip_p,
-    t_pvalues,
-    verdict,
-)
+from experiments.paired import holm, signflip_p, t_pvalues
+from experiments.stats import A_LOWER, compare, from_diffs, judge, outcome, verdict
 from experiments.width import width_trend
 
 from .conftest import width_sweep
