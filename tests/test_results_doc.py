@@ -25,7 +25,7 @@ def test_results_md_is_what_the_committed_summaries_give():
 
 # Readings that quote a number no summary holds (found when the check grew to integers): the
 # reading must be reworded by whoever owns it; strict, so the mark goes when it is.
-_STRAY = {"anchor": "'18 trials' of the previous record is not in this record's summary"}
+_STRAY: dict[str, str] = {}
 
 
 @pytest.mark.parametrize("experiment", [pytest.param(e, marks=pytest.mark.xfail(strict=True, reason=_STRAY[e]))
@@ -77,7 +77,7 @@ def test_collect_copies_the_summary_and_shrinks_figures(tmp_path):
 # Experiments whose config now runs select, then confirm, while the committed record was run
 # before it (issue #28 item 4); strict, so the mark goes when the rerun record is committed.
 _RERUN = "the committed record predates its experiment's select-then-confirm form: rerun pending"
-_PENDING = ("width_trend", "anchor")
+_PENDING = ("width_trend",)
 
 
 @pytest.mark.parametrize("experiment", [pytest.param(e, marks=pytest.mark.xfail(strict=True, reason=_RERUN))
