@@ -137,14 +137,14 @@ def test_cpu_form_runs_end_to_end_at_a_reduced_budget(experiment, tmp_path, data
     from .conftest import run_cli
 
     # No edge extensions: at 2 steps the lr choice is noise, and the count stays exact.
-    no_ext = ["hydra.sweeper.protocol.max_extensions=0"] if experiment in STAGES else []
-    # The anchor task scores all 11,000 of its sequences at each evaluation (~10 s a trial):
-    # a smaller task keeps its 28 trials to seconds each, with every code path the same.
+    extra = ["hydra.sweeper.protocol.max_extensions=0"] if experiment in STAGES else []
+    # The anchor task scores all 11,000 of its sequences at each evaluation, most of a 2-step
+    # trial's time: a smaller task runs every code path the same.
     if experiment == "anchor":
-        no_ext += ["data.n_train=300", "data.n_test=150", "data.n_unseen=50"]
+        extra += ["data.n_train=300", "data.n_test=150", "data.n_unseen=50"]
     proc = run_cli(["-m", f"+experiment={experiment}", "train.max_steps=2", "train.eval_every=2",
                     "train.batch_size=4", "train.seq_len=32", "train.eval_tokens=256", "train.per_token_eval_tokens=128",
-                    "train.probe_every=2", "ray.num_cpus=2", "wandb.mode=disabled", *no_ext],
+                    "train.probe_every=2", "ray.num_cpus=2", "wandb.mode=disabled", *extra],
                    cwd=tmp_path, env={"SMALLINIT_CACHE": str(data_cache)}, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     df = pd.read_parquet(tmp_path / "sweeps" / experiment / "results.parquet")
