@@ -307,7 +307,11 @@ def effective_size_claim(es, recipe: str | None) -> Claim:
         within = g[(g["gain_lo"] <= 0) & (g["gain_hi"] >= 0)] if "gain_lo" in g else g.iloc[:0]
         x = float(np.nanmax(np.maximum(within["gain_lo"].abs(), within["gain_hi"].abs()))) if not within.empty else None
         c.excluded = x
-        c.reason = "the gain's interval includes 0" + (f": |gain| > {100 * x:.0f}% excluded" if x is not None else "")
+        c.reason = "the gain's interval includes 0"
+        if x is not None and np.isfinite(x):
+            c.reason += f": |gain| > {100 * x:.0f}% excluded"
+        elif x is not None:  # a loss at or below the fit's floor E puts no upper bound on N_eff
+            c.reason += " and is unbounded: it excludes no size of effect"
     return c
 
 

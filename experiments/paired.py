@@ -1,7 +1,8 @@
 """The statistics of one set of paired differences d_s = A(s) - B(s) over shared seeds: the
 95% t-interval of their mean, the paired t-test's one-sided p-values, an exact sign-flip p (no
 normality assumed), and Holm's adjustment for a claim's several comparisons. stats.py builds
-every verdict on these."""
+every verdict on these; a claim that rests on one set of per-seed values (a fitted slope) takes
+them whole from `one_comparison`."""
 
 from __future__ import annotations
 
@@ -79,3 +80,16 @@ def holm(pvalues) -> list[float]:
         running = max(running, min(1.0, (len(p) - k) * float(p[i])))
         adjusted[i] = running
     return adjusted.tolist()
+
+
+def one_comparison(d, predicted: str) -> dict:
+    """The p-values a record keeps for a claim that rests on one set of per-seed values d (e.g. the
+    slope of a fit, one per seed): both one-sided t p's, the two-sided sign-flip p, and p_against,
+    the one-sided p against the `predicted` direction ("less": d < 0, or "greater"). With one
+    comparison in the claim's family Holm leaves p_against as it is: p_holm = p_against."""
+    if predicted not in ("less", "greater"):
+        raise ValueError(f"predicted={predicted!r} is invalid: must be less or greater")
+    lower, higher = t_pvalues(d)
+    against = higher if predicted == "less" else lower
+    return dict(n_confirm=len(np.asarray(d)), p_lower=lower, p_higher=higher, p_signflip=signflip_p(d),
+                p_against=against, p_holm=against)

@@ -147,7 +147,13 @@ def width_claim(trend: WidthTrend) -> Claim:
             c.verdict = INCONCLUSIVE
         return c
     c.evidence.append(width_text(trend))
-    c.numbers = [dict(slope=trend.slope, lo=trend.slope_lo, hi=trend.slope_hi, crossover=trend.crossover)]
+    p = trend.slope_p
+    if p:
+        seeds = f"; lr chosen on seed(s) {', '.join(trend.tune_seeds)}" if trend.tune_seeds else ""
+        c.evidence.append(f"slope over {p['n_confirm']} seeds: sign-flip p = {p['p_signflip']:.3g}; against the claim "
+                          f"(slope > 0) p = {p['p_against']:.3g}, one comparison, so Holm leaves it as is{seeds}")
+    c.numbers = [dict(slope=trend.slope, lo=trend.slope_lo, hi=trend.slope_hi, crossover=trend.crossover,
+                      **p, tune_seeds=trend.tune_seeds)]
     if trend.slope_hi < 0:
         c.verdict, c.reason = SUPPORTED, "the gap falls with width beyond the seed spread (slope's interval < 0)"
     elif trend.slope_lo > 0:

@@ -246,9 +246,12 @@ def protocol_lines(s: dict) -> list[str]:
                          _lr(p["lr_recipe"]), _lr(p["lr_baseline"]), p["verdict"]] for p in w["points"]]), ""]
         fit_note = f" {w['fit_note'][:1].upper()}{w['fit_note'][1:]}." if w.get("fit_note") else ""
         if w["status"] == "fit":
+            p = w.get("slope_p") or {}  # records built before the slope kept its p-values have none
+            ps = (f" Sign-flip p {p['p_signflip']:.3g}; against the claim (slope > 0) p {p['p_against']:.3g}, one "
+                  f"comparison, so Holm leaves it as is." if p else "")
             out += [f"Fit gap(d) = a + b·ln d per seed ({w['seeds']} seeds): slope b = {w['slope']:+.4f} nats per e-fold "
                     f"of width, 95% interval [{w['slope_lo']:+.4f}, {w['slope_hi']:+.4f}]; {w['crossover_note']}."
-                    + fit_note, ""]
+                    + fit_note + ps, ""]
         else:
             out += [f"No fit: {w['status']}.", ""]
     return out

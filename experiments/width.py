@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .paired import t_interval
+from .paired import one_comparison, t_interval
 from .stats import A_LOWER, compare, outcome
 
 # Widths over which the crossover band is searched (log-spaced; beyond this it is "unbounded").
@@ -50,11 +50,16 @@ class WidthTrend:
     crossover_note: str = ""
     fit_widths: list[int] = field(default_factory=list)  # the widths the fit used (>= MIN_HEADS heads)
     fit_note: str = ""  # which widths were left out of the fit, and why
+    # The slope's p-values (paired.one_comparison; the claim predicts a slope < 0) and the seeds
+    # that chose each arm's lr (never among the fitted seeds under select, then confirm).
+    slope_p: dict = field(default_factory=dict)
+    tune_seeds: list[str] | None = None
 
     def as_dict(self) -> dict:
         out = {k: getattr(self, k) for k in ("status", "n_layers", "seeds", "slope", "slope_lo", "slope_hi",
                                              "intercept", "per_seed", "crossover", "crossover_lo",
-                                             "crossover_hi", "crossover_note", "fit_widths", "fit_note")}
+                                             "crossover_hi", "crossover_note", "fit_widths", "fit_note",
+                                             "slope_p", "tune_seeds")}
         out["points"] = self.points.to_dict("records") if not self.points.empty else []
         return out
 
@@ -104,7 +109,7 @@ def width_trend(df: pd.DataFrame, recipe: str | None, baseline: str | None, metr
                           f"({', '.join(map(str, widths)) or 'none'}) at {depth} layers"
                           + (f" with ≥ {MIN_HEADS} heads" if left_out else "") + ": run +experiment=width_trend",
                           n_layers=depth, fit_widths=widths, fit_note=fit_note)
-    rows, per_seed_gaps = [], {}
+    rows, per_seed_gaps, tune_seeds = [], {}, None
     for d in all_widths:
         g = both[(both["n_layers"] == depth) & (both["d_model"] == d)]
         a, b = g[g["variant"] == recipe], g[g["variant"] == baseline]
@@ -113,6 +118,8 @@ def width_trend(df: pd.DataFrame, recipe: str | None, baseline: str | None, metr
                          n_params_baseline=float(b["n_params"].mean()), pairs=c.n, gap=c.diff, lo=c.lo, hi=c.hi,
                          lr_recipe=(c.optim_a or {}).get("lr"), lr_baseline=(c.optim_b or {}).get("lr"),
                          verdict=outcome(c, A_LOWER), settled=c.settled, n_heads=heads[d], fitted=d in widths))
+        if c.tune_seeds is not None:
+            tune_seeds = list(dict.fromkeys([*(tune_seeds or []), *c.tune_seeds]))  # each in compare's order
         if d not in widths:
             continue
         ma, mb = a.groupby("seed")[metric].mean(), b.groupby("seed")[metric].mean()
@@ -121,7 +128,8 @@ def width_trend(df: pd.DataFrame, recipe: str | None, baseline: str | None, metr
     points = pd.DataFrame(rows)
     # Seeds that ran both variants at every width: each gives its own line.
     seeds = sorted(s for s, gaps in per_seed_gaps.items() if len(gaps) == len(widths))
-    trend = WidthTrend("fit", points=points, n_layers=depth, seeds=len(seeds), fit_widths=widths, fit_note=fit_note)
+    trend = WidthTrend("fit", points=points, n_layers=depth, seeds=len(seeds), fit_widths=widths, fit_note=fit_note,
+                       tune_seeds=tune_seeds)
     if len(seeds) < 2:
         trend.status = f"needs ≥ 2 seeds with both arms at every width (have {len(seeds)}): no interval"
         return trend
@@ -134,6 +142,7 @@ def width_trend(df: pd.DataFrame, recipe: str | None, baseline: str | None, metr
         trend.per_seed.append(dict(seed=s, intercept=float(a), slope=float(b)))
     a_s, b_s = np.array(coefs).T
     trend.slope, trend.slope_lo, trend.slope_hi = t_interval(b_s)
+    trend.slope_p = one_comparison(b_s, predicted="less")  # the claim: the recipe's gap falls with width
     trend.intercept = float(a_s.mean())
     _crossover(trend, a_s, b_s, widths)
     return trend

@@ -213,6 +213,9 @@ def test_width_trend_in_the_summary_with_its_claim(tmp_path):
     assert w["status"] == "fit" and w["slope_lo"] < 0 < w["slope_hi"]
     c = next(c for c in s["claims"] if "grows with width" in c["claim"])
     assert c["verdict"] == "inconclusive" and c["excluded"] == pytest.approx(max(-w["slope_lo"], w["slope_hi"]))
+    n = c["numbers"][0]  # the claim keeps what each comparison of the other claims keeps
+    assert n["n_confirm"] == 3 and n["p_holm"] == n["p_against"] == n["p_higher"] and 0 < n["p_signflip"] <= 1
+    assert f"sign-flip p = {n['p_signflip']:.3g}" in " ".join(c["evidence"])
     assert "width_trend.png" in {f["file"] for f in s["figures"]}
     # docs/results.md renders the same evidence from the summary.
     from experiments import results_doc

@@ -77,7 +77,7 @@ def test_collect_copies_the_summary_and_shrinks_figures(tmp_path):
 # Experiments whose config now runs select, then confirm, while the committed record was run
 # before it (issue #28 item 4); strict, so the mark goes when the rerun record is committed.
 _RERUN = "the committed record predates its experiment's select-then-confirm form: rerun pending"
-_PENDING = ("width_trend",)
+_PENDING: tuple[str, ...] = ()
 
 
 @pytest.mark.parametrize("experiment", [pytest.param(e, marks=pytest.mark.xfail(strict=True, reason=_RERUN))

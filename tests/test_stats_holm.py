@@ -11,7 +11,7 @@ import pytest
 
 from experiments import claims as claims_mod
 from experiments.load import ReportError, load
-from experiments.paired import holm, signflip_p, t_pvalues
+from experiments.paired import holm, one_comparison, signflip_p, t_pvalues
 from experiments.stats import A_LOWER, compare, from_diffs, judge, outcome, verdict
 from experiments.width import width_trend
 
@@ -50,6 +50,16 @@ def test_t_pvalues_match_the_closed_form_for_two_degrees_of_freedom():
     assert lower == pytest.approx(1 - higher, rel=1e-9)
     c = from_diffs([1, 2, 3])
     assert c.p_higher == higher and c.p_signflip == 0.25 and c.diffs == [1.0, 2.0, 3.0]
+
+
+def test_a_claim_on_one_set_of_per_seed_values_keeps_its_p_values_and_holm_leaves_them():
+    p = one_comparison([1, 2, 3], predicted="less")  # t = 2 sqrt(3) on 2 dof, as above
+    t = 2 * math.sqrt(3)
+    assert p["p_higher"] == pytest.approx((1 - t / math.sqrt(t * t + 2)) / 2, rel=1e-9)
+    assert p["p_against"] == p["p_holm"] == p["p_higher"] and p["p_signflip"] == 0.25 and p["n_confirm"] == 3
+    assert one_comparison([1, 2, 3], predicted="greater")["p_against"] == p["p_lower"]
+    with pytest.raises(ValueError, match="predicted='up' is invalid"):
+        one_comparison([1, 2], predicted="up")
 
 
 # Recipe minus baseline per seed at four sizes: the first is worse beyond its spread (t = 7.5,
@@ -185,6 +195,8 @@ def test_the_width_fit_leaves_out_one_head_widths_and_says_so(tmp_path):
     assert t.points.set_index("d_model")["fitted"].to_dict() == {64: False, 128: True, 192: True, 256: True}
     assert "d = 64 (1 head) shown but not fitted" in t.fit_note
     assert t.slope_lo < -0.05 < t.slope_hi
+    # The slope's p-values come from the fitted seeds' slopes alone (3 seeds: 3 confirm pairs).
+    assert t.slope_p["n_confirm"] == 3 and t.slope_p["p_against"] > 0.975 and t.slope_p["p_signflip"] == 0.25
 
 
 def test_the_update_to_stream_scaling_is_a_check_at_init_not_a_verdict():
