@@ -36,7 +36,7 @@ from .effective_size import (
 )
 from .figures import LOSS_Y, color_map, plt
 from .load import Sweep
-from .paired import t_interval
+from .paired import one_comparison, t_interval
 from .render import Block
 from .stats import CONTRADICTED, INCONCLUSIVE, NOT_RUN, SUPPORTED
 
@@ -217,9 +217,13 @@ def trend_claims(bf: BudgetFit) -> list[Claim]:
         if co.status != "fit":
             claim.reason = co.status
             continue
-        m, lo, hi = t_interval(_slopes(co, axis))
-        claim.numbers = [dict(slope=m, lo=lo, hi=hi, seeds=len(co.seeds), unit=f"nats per e-fold of {unit}")]
-        text = f"gap slope {m:+.4f} nats per e-fold of {unit}, 95% interval [{lo:+.4f}, {hi:+.4f}] over {len(co.seeds)} seeds"
+        slopes = _slopes(co, axis)
+        m, lo, hi = t_interval(slopes)
+        p = one_comparison(slopes, predicted="less")  # the claim: the gap falls along the axis
+        claim.numbers = [dict(slope=m, lo=lo, hi=hi, seeds=len(co.seeds), unit=f"nats per e-fold of {unit}", **p)]
+        text = (f"gap slope {m:+.4f} nats per e-fold of {unit}, 95% interval [{lo:+.4f}, {hi:+.4f}] over "
+                f"{len(co.seeds)} seeds (sign-flip p {p['p_signflip']:.3g}; against the claim p {p['p_against']:.3g}, "
+                f"one comparison, so Holm leaves it as is)")
         crossings = co.d_star if axis == "width" else co.budget_star
         coefs = ", ".join(f"{n.split()[0]} = {v:+.4f}" for n, v in co.as_dict()["coefs_mean"].items())
         claim.evidence = [f"gap (recipe − baseline) = {co.as_dict()['model']}: {coefs} (seed means)", text,

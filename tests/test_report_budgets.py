@@ -93,6 +93,8 @@ def test_a_recipe_at_twice_n_is_worth_twice_n_with_the_trend_claims_from_the_sur
     width, tokens = budgets.trend_claims(bf)
     # The gap A N^-α (2^-α − 1) shrinks toward 0 as N grows: the advantage falls with width.
     assert width.verdict == "contradicted" and width.numbers[0]["lo"] > 0
+    # One comparison per claim: p against it below 0.025 exactly when the interval excludes 0.
+    assert width.numbers[0]["p_holm"] == width.numbers[0]["p_against"] < 0.025 < tokens.numbers[0]["p_holm"]
     true_slope = (law(2 * 7e6, 1e6) - law(7e6, 1e6) - law(2 * 8e5, 1e6) + law(8e5, 1e6)) / math.log(7e6 / 8e5) * 2
     assert width.numbers[0]["slope"] == pytest.approx(true_slope, rel=0.5)
     # Flat in D: the slope's interval holds 0, and the claim says what it excludes.
