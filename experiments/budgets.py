@@ -36,9 +36,9 @@ from .effective_size import (
 )
 from .figures import LOSS_Y, color_map, plt
 from .load import Sweep
-from .paired import one_comparison, t_interval
+from .paired import holm, one_comparison, t_interval
 from .render import Block
-from .stats import CONTRADICTED, INCONCLUSIVE, NOT_RUN, SUPPORTED
+from .stats import ALPHA_ONE_SIDED, CONTRADICTED, INCONCLUSIVE, NOT_RUN, SUPPORTED
 
 PRESET = "0.1b"  # the paper's smallest model: the width at which the paying budget is read
 # Setting columns that name a budget row's budget (or follow it), not the arm.
@@ -143,7 +143,8 @@ def _where(c) -> str:
 
 def effective_size_claim(bf: BudgetFit) -> Claim:
     """N_eff/N per measured recipe cell, read off the baseline's L(N, D): supported where every
-    cell's 95% interval lies above 1, contradicted where one lies below 1."""
+    cell's 95% interval lies above 1 (an intersection-union rule: no correction), contradicted
+    where one lies below 1 and its bootstrap p against the claim survives Holm over the cells."""
     c = Claim("Small init is worth a larger effective model size", "~+44% effective size for γ = 1 with eps = 1e-12 "
               "and the gate, 0.1B-1.5B params, 1T tokens", NOT_RUN, "")
     es = bf.es
@@ -162,6 +163,9 @@ def effective_size_claim(bf: BudgetFit) -> Claim:
                           f"{_ratio(cell.n_eff_ratio, cell.n_eff_ratio_ci)}, compute multiplier "
                           f"{_ratio(cell.compute_multiplier, cell.compute_multiplier_ci)}")
     c.numbers = bf.summary()["effective_size"]["cells"]
+    p_holm = holm([1.0 if math.isnan(x.p_not_smaller) else x.p_not_smaller for x in es.cells]) if es.n_boot else []
+    for number, p in zip(c.numbers, p_holm):
+        number["p_holm"] = p  # against the claim: N_eff/N not below 1, adjusted over the claim's cells
     c.verdict = INCONCLUSIVE
     if es.status == "degenerate":  # every reason is in the evidence; the verdict table names the first two
         c.evidence += [f"degenerate: {r}" for r in es.reasons]
@@ -176,12 +180,19 @@ def effective_size_claim(bf: BudgetFit) -> Claim:
         c.reason = f"{lead}; one seed in some cell: no interval" if seeds < 2 else f"{lead}; no bootstrap"
         return c
     above = [x for x in es.cells if x.n_eff_ratio_ci[0] > 1]
-    below = [x for x in es.cells if x.n_eff_ratio_ci[1] < 1]
+    below = [(x, p) for x, p in zip(es.cells, p_holm) if x.n_eff_ratio_ci[1] < 1]
     n = len(es.cells)
-    if below:
-        worst = min(below, key=lambda x: x.n_eff_ratio)
-        c.verdict, c.reason = CONTRADICTED, (f"N_eff/N below 1 beyond the seed spread at {len(below)} of {n} cells "
-                                             f"(at {_where(worst)}: {_ratio(worst.n_eff_ratio, worst.n_eff_ratio_ci)})")
+    survive = [(x, p) for x, p in below if p <= ALPHA_ONE_SIDED]
+    if survive:
+        worst, p = min(survive, key=lambda xp: xp[0].n_eff_ratio)
+        c.verdict, c.reason = CONTRADICTED, (
+            f"N_eff/N below 1 beyond the seed spread at {len(below)} of {n} cells, {len(survive)} after Holm over "
+            f"the {n} (at {_where(worst)}: {_ratio(worst.n_eff_ratio, worst.n_eff_ratio_ci)}, bootstrap p against "
+            f"{worst.p_not_smaller:.3g}, Holm-adjusted {p:.3g})")
+    elif below:  # below 1 at some cell, yet not beyond what n comparisons allow: no null, nothing excluded
+        c.reason = (f"{lead}; N_eff/N below 1 beyond the seed spread at {len(below)} of {n} cells, none after Holm "
+                    f"over the {n} (smallest adjusted p {min(p for _, p in below):.3g}; {es.n_boot} resamples "
+                    f"give no p below {1 / (1 + es.n_boot):.2g} before adjusting)")
     elif len(above) == n:
         c.verdict, c.reason = SUPPORTED, f"{lead}; the 95% interval lies above 1 at all {n} cells"
     else:

@@ -29,7 +29,9 @@ they share seeds, the spread of each resampled mean widened by sqrt(n/(n-1)); th
 95% percentile. They cover less than 95%: on 12 synthetic sweeps of 6 seeds (4 widths x 3
 budgets, 0.003 nats of seed noise) N_eff/N's interval held the truth in 128 of 144 cells (89%);
 fewer seeds do worse (a t with 3 degrees of freedom is wider than any bootstrap of 4 values). Degenerate only when alpha or beta <= 0 or an
-interval is unbounded; `reasons` says which.
+interval is unbounded; `reasons` says which. Each cell also keeps the bootstrap's one-sided p
+on each side of N_eff/N = 1, (1 + resamples on that side) / (1 + resamples), so that a verdict
+over several cells can correct for their number (Holm); below 1 / (1 + n_boot) it cannot go.
 """
 
 from __future__ import annotations
@@ -186,6 +188,10 @@ class Cell:
     compute_multiplier: float = math.nan
     compute_multiplier_ci: tuple[float, float] = (math.nan, math.nan)
     n_eff_ratio_total: float = math.nan  # on the total-N fit, no interval
+    # Bootstrap p-values: the share of resamples with N_eff/N >= 1 (p against "smaller") and <= 1
+    # (p against "larger"); nan without a bootstrap.
+    p_not_smaller: float = math.nan
+    p_not_larger: float = math.nan
 
 
 @dataclass
@@ -283,6 +289,7 @@ def _effective_size(baseline, recipe, vocab_size, seq_len, tie_embeddings, metri
         ci = _percentile_ci(reps)
         for i, c in enumerate(cells):
             c.n_eff_ratio_ci, c.compute_multiplier_ci = tuple(ci[i, 0]), tuple(ci[i, 1])
+            c.p_not_smaller, c.p_not_larger = _bootstrap_p(reps[:, i, 0], 1.0)
     out.reasons = _degenerate(fit, cells)
     out.status = "degenerate" if out.reasons else "fit"
     return out
@@ -293,6 +300,15 @@ def _resampled(losses: pd.Series, seeds) -> float:
     mean of n values varies (n - 1) / n as much as the mean does (25% too little at 4 seeds)."""
     n, m = len(losses), float(losses.mean())
     return m if n < 2 else m + math.sqrt(n / (n - 1)) * (float(losses.loc[seeds].mean()) - m)
+
+
+def _bootstrap_p(reps: np.ndarray, at: float) -> tuple[float, float]:
+    """(p that the value is not below `at`, p that it is not above), each (1 + hits) / (1 + n)
+    over the finite-or-infinite resamples (nan ones, where a refit failed, left out)."""
+    r = reps[~np.isnan(reps)]
+    if len(r) == 0:
+        return math.nan, math.nan
+    return float((1 + (r >= at).sum()) / (1 + len(r))), float((1 + (r <= at).sum()) / (1 + len(r)))
 
 
 def _percentile_ci(reps: np.ndarray) -> np.ndarray:
@@ -335,7 +351,9 @@ def summary_dict(es: EffectiveSize, co: Crossover | None = None, preset: str | N
                           n_eff_ratio=json_float(c.n_eff_ratio), n_eff_ratio_ci=[json_float(v) for v in c.n_eff_ratio_ci],
                           compute_multiplier=json_float(c.compute_multiplier),
                           compute_multiplier_ci=[json_float(v) for v in c.compute_multiplier_ci],
-                          n_eff_ratio_total_n=json_float(c.n_eff_ratio_total)) for c in es.cells])
+                          n_eff_ratio_total_n=json_float(c.n_eff_ratio_total),
+                          p_not_smaller=json_float(c.p_not_smaller), p_not_larger=json_float(c.p_not_larger))
+                     for c in es.cells])
     out = dict(effective_size=block)
     if co is not None:
         out["crossover"] = co.as_dict()

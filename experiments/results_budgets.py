@@ -20,7 +20,8 @@ def budgets_lines(es: dict, co: dict) -> list[str]:
            f"{es['baseline_cells']} (width, budget) cells, N = {es['n']}: E = {f['E']:.4f}, A = {f['A']:.4g}, "
            f"α = {f['alpha']:.4f}, B = {f['B']:.4g}, β = {f['beta']:.4f}{total}. The recipe ({es['recipe']}) "
            f"at each cell, as the baseline of N_eff parameters at the same D, and the factor of baseline compute "
-           f"({es['compute']}) that reaches its loss; {es['interval']} intervals:", ""]
+           f"({es['compute']}) that reaches its loss; {es['interval']} intervals"
+           + (f" over {es['n_boot']} resamples" if es.get("n_boot") else "") + ":", ""]
     ci = lambda c, k: f"[{_g3(c[k + '_ci'][0])}, {_g3(c[k + '_ci'][1])}]" if c.get(k + "_ci") else "–"  # noqa: E731
     out += [_table(["d_model", "budget [tokens]", "N", "recipe loss", "seeds", "N_eff / N", "95% interval",
                     "compute multiplier", "95% interval"],

@@ -117,6 +117,20 @@ def test_a_recipe_at_twice_n_is_worth_twice_n_with_the_trend_claims_from_the_sur
     assert "| 384 | 3,145,728 |" in md and "Fit: E = " in md
 
 
+
+def test_an_effective_size_below_1_at_one_cell_is_contradicted_only_if_it_survives_holm(tmp_path):
+    bf = context(budget_sweep(tmp_path), tmp_path / "out").budgets
+    cells = bf.es.cells
+    for c in cells:  # inside the spread everywhere ...
+        c.n_eff_ratio, c.n_eff_ratio_ci, c.p_not_smaller = 1.1, (0.8, 1.3), 0.6
+    cells[0].n_eff_ratio, cells[0].n_eff_ratio_ci, cells[0].p_not_smaller = 0.5, (0.3, 0.9), 0.01  # ... but one
+    claim = budgets.effective_size_claim(bf)
+    assert claim.verdict == "inconclusive" and "below 1 beyond the seed spread at 1 of 12 cells, none after Holm" in claim.reason
+    assert claim.numbers[0]["p_holm"] == pytest.approx(0.12) and claim.excluded is None  # 12 x 0.01
+    cells[0].p_not_smaller = 0.001
+    claim = budgets.effective_size_claim(bf)
+    assert claim.verdict == "contradicted" and "bootstrap p against 0.001, Holm-adjusted 0.012" in claim.reason
+
 def test_degenerate_only_where_the_fit_says_which(tmp_path):
     """A baseline whose loss rises with N (α < 0): the verdict is inconclusive, reason "degenerate: alpha"."""
     ctx = context(budget_sweep(tmp_path, alpha=-0.05, seeds=2), tmp_path / "out", n_boot=0)
