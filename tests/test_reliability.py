@@ -55,6 +55,7 @@ def start_and_kill_the_worker(tmp_path, data_cache, *extra) -> tuple[subprocess.
     return driver, tmp_path / "sweeps" / "workerkill"
 
 
+@pytest.mark.slow  # ~40 s: a worker killed mid-trial, retried from its checkpoint; `make test-slow`
 def test_a_killed_ray_worker_is_retried_from_its_checkpoint(tmp_path, data_cache):
     driver, sweep_dir = start_and_kill_the_worker(tmp_path, data_cache)
     out, err = driver.communicate(timeout=600)
@@ -81,6 +82,7 @@ def test_a_killed_ray_worker_without_retries_left_is_one_line_naming_the_error_f
     assert pd.read_parquet(sweep_dir / "results.parquet")["state"].tolist() == ["FAIL"]
 
 
+@pytest.mark.slow  # ~45 s: two sweeps at once on one SQLite file; `make test-slow`
 def test_two_sweeps_share_one_study_storage_at_once(tmp_path, data_cache):
     storage = f"sqlite:///{tmp_path / 'shared.db'}"
     results = sweeps_at_once(tmp_path, data_cache, storage, {"left": "0.5,0.75,1.0", "right": "1.0,1.25,1.5"})

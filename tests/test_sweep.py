@@ -72,6 +72,7 @@ def test_card_command_runs_every_trial_once_and_a_rerun_trains_nothing(tmp_path,
     assert len(study_trials(sweep_dir, "card")) == 10
 
 
+@pytest.mark.slow  # ~60 s: a sweep killed with -9 once two trials finished, then its rerun; `make test-slow`
 def test_killed_driver_resumes_without_duplicates_or_retraining(tmp_path, data_cache):
     finished = kill_driver_mid_sweep(tmp_path, data_cache, KILLABLE)
     sweep_dir = tmp_path / "sweeps" / "killed"
