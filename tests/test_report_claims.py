@@ -116,6 +116,16 @@ def test_a_gate_that_adds_parameters_does_not_make_another_size(tmp_path):
     assert all(g["gate"].nunique() == 2 for _, g in sweep.complete.groupby("size"))
 
 
+def test_an_effective_size_interval_unbounded_above_excludes_nothing(tmp_path):
+    es = effective_size(load([synthetic_sweep(tmp_path, gain=0.44)]), baseline_gamma=0.5, n_boot=20)
+    g = es.gains
+    # A resample at or below the fit's floor leaves N_eff unbounded: no effect size is excluded.
+    es.gains = g.assign(gain_lo=-0.5, gain_hi=np.inf)
+    claim = claims_mod.effective_size_claim(es, g["variant"].iloc[0])
+    assert claim.verdict == "inconclusive" and "inf" not in claim.reason
+    assert claim.reason.endswith("is unbounded: it excludes no size of effect")
+
+
 def test_no_effective_size_when_a_larger_baseline_is_not_better(tmp_path):
     d = synthetic_sweep(tmp_path, gain=0.2, sizes=(1e6, 3e6, 1e7), seeds=3)
     df = pd.read_parquet(d / "results.parquet")
