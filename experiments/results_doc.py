@@ -382,6 +382,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--docs", default=REPO / "docs", type=Path)
     a = p.parse_args(argv)
     if a.collect:
+        if not a.reports.is_dir():  # a mistyped folder would otherwise collect nothing and say so quietly
+            print(f"error: --reports={str(a.reports)!r} is invalid: no such folder (it holds <experiment>/summary.json "
+                  "from `make report`)", file=sys.stderr)
+            return 2
         got = collect(a.reports, a.docs)
         print(f"collected {', '.join(got) or 'nothing'} from {a.reports}/")
     text = render(a.docs)

@@ -153,3 +153,10 @@ def test_a_budgets_record_lists_each_lr_choice_once_and_no_best_gamma_table_with
     assert len(lr_rows) == len(chosen)  # one per trial's choice, not one per budget
     assert all(b["runner_up"] is None for b in s["best_gamma"])
     assert "**Best γ per arm**: none to choose, each arm ran at one γ" in text and "| runner-up γ |" not in text
+
+
+def test_collect_from_a_folder_that_does_not_exist_is_a_one_line_error(tmp_path, capsys):
+    assert results_doc.main(["--collect", "--reports", str(tmp_path / "nope"), "--docs", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--reports=" in err and "no such folder" in err
+    assert not (tmp_path / "results.md").exists()  # nothing written
