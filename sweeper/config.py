@@ -9,6 +9,7 @@ conf/'s schema, sweeper/schema.py).
     hydra.sweeper.reuse_workers=true     run trials back to back in the same Ray worker
     hydra.sweeper.protocol.tune=[optim.lr] hydra.sweeper.protocol.tune_seeds=[100]
     hydra.sweeper.protocol.confirm_seeds=[1,2,3,4]
+    hydra.sweeper.protocol.per_budget=true  each train.budgets budget chooses its own values
                                          select, then confirm (sweeper/protocol.py)
 Ray and W&B settings are top-level keys (ray.*, wandb.*: sweeper/schema.py).
 """
@@ -40,6 +41,9 @@ class ProtocolConf:
     # The key the seeds are values of: `seed` sets both the init and the data order.
     seed_key: str = "seed"
     max_extensions: int = 2
+    # With train.budgets: each budget chooses its own tuned values from its cooldown branch, and
+    # the confirm seeds run every value some budget chose (one run serves every budget that chose it).
+    per_budget: bool = False
 
     @property
     def enabled(self) -> bool:

@@ -27,6 +27,7 @@ from optuna.trial import TrialState
 
 from core.errors import ConfigError, first_line
 from core.files import atomic_write_json
+from core.trial_dir import TrialDir
 from core.results_schema import results_path
 from trainer.data_check import check_trials
 from trainer.host_memory import check_switch as check_allocator_switch
@@ -162,6 +163,9 @@ def _protocol_specs(conf: protocol.ProtocolConf, composer: Composer) -> tuple[li
     specs = [composer.spec(p) for p in tune]
     check_distinct(specs)
     checked = specs + [composer.spec(p) for p in confirm]
+    if conf.per_budget and not all(spec.trial.train.budgets for spec in checked):
+        raise ConfigError("hydra.sweeper.protocol.per_budget=true is invalid here: it chooses per budget of "
+                          "train.budgets, and these trials have one budget; set train.budgets=[...] or drop per_budget")
     composer.space = space  # the sweep as given: each round derives its own from it
     return specs, checked
 
@@ -175,7 +179,8 @@ def _run_protocol(conf: SmallinitSweeperConf, composer: Composer, name: str, tri
     setts = protocol.settings(pconf, base)
     study, previous = None, None
     for round_number in itertools.count(1):
-        outcome = _outcomes(composer, base, study) if study is not None else (lambda _: protocol.PENDING)
+        outcome = (_outcomes(composer, base, study, pconf.per_budget) if study is not None
+                   else (lambda _: protocol.PENDING))
         settled = [protocol.settle(pconf, s, initial, outcome) for s in setts]
         todo = [p for points, _ in settled for p in points]
         if not todo:
@@ -224,18 +229,34 @@ def _plan_round(conf, composer: Composer, base, name: str, points: list[dict[str
     return plan
 
 
-def _outcomes(composer: Composer, base, study) -> protocol.Outcome:
-    """params -> the trial's final loss, None if it ended without one, or protocol.PENDING."""
+def _outcomes(composer: Composer, base, study, per_budget: bool = False) -> protocol.Outcome:
+    """params -> the trial's final loss, None if it ended without one, or protocol.PENDING.
+    per_budget: {budget tokens: that branch's final loss, or None} from budgets/<tokens>.json."""
     known = study.by_identity()
 
     def outcome(params: dict[str, Any]) -> Any:
         composer.space = protocol.round_space(base, [params])
-        t = known.get(composer.spec(params).identity)
+        spec = composer.spec(params)
+        t = known.get(spec.identity)
         if t is None or t.state not in FINISHED:
             return protocol.PENDING
+        if per_budget:
+            return _branch_losses(spec) if t.state == TrialState.COMPLETE else {}
         return t.value if t.state == TrialState.COMPLETE else None
 
     return outcome
+
+
+def _branch_losses(spec: TrialSpec) -> dict[int, float | None]:
+    """Each budget's final validation loss from the trial folder; None where its file is
+    missing or damaged (that budget then has no choice from this value)."""
+    folder = TrialDir(spec.out_dir)
+    out: dict[int, float | None] = {}
+    for tokens in spec.trial.train.budgets:
+        result = folder.read_budget_result(tokens, damaged_ok=True)
+        ok = isinstance(result, dict) and result.get("identity") == spec.identity
+        out[tokens] = result.get("final_val_loss") if ok else None
+    return out
 
 
 def _choice_lines(pconf, choices: list[protocol.Choice]) -> list[str]:
@@ -246,6 +267,9 @@ def _choice_lines(pconf, choices: list[protocol.Choice]) -> list[str]:
             lines.append(f"protocol: {setting}: no value completed on every tuning seed; not confirmed")
             continue
         chosen = " ".join(f"{k}={v}" for k, v in c.chosen.items())
+        if c.by_budget is not None:
+            chosen = "; ".join(f"{b:,} tokens: " + " ".join(f"{k}={v}" for k, v in combo.items())
+                               for b, combo in sorted(c.by_budget.items()))
         edge = f" (at the edge of {c.at_edge} after {pconf.max_extensions} extensions a side)" if c.at_edge else ""
         lines.append(f"protocol: {setting}: chose {chosen} on {pconf.seed_key} {pconf.tune_seeds}{edge}")
     return lines

@@ -14,6 +14,11 @@ values at that edge: 1e-3, 3e-3, 1e-2 extends to 3.33e-2 above and 3.33e-4 below
 `max_extensions` a side, and the choice is made again. Confirm round: every setting at its
 chosen values on the confirm seeds.
 
+With per_budget (trials with train.budgets), every budget makes its own choice from its cooldown
+branch on the tuning seeds, a choice at an edge for any budget extends that edge, and the
+confirm round runs each value some budget chose; a budget's comparison then reads each
+confirm run's branch at that budget.
+
 Choosing on the seeds that are then compared flatters the arm with the noisier lr curve;
 choosing on separate seeds does not (the reason for the two roles).
 
@@ -109,20 +114,42 @@ class Choice:
     chosen: dict[str, Any] | None  # None: no combination completed on every tuning seed
     at_edge: list[str]  # tuned keys whose choice is still at an edge after the extensions ran out
     extensions: int
+    # per_budget: each budget's (tokens) choice and means; `chosen`/`means` are the largest budget's.
+    by_budget: dict[int, dict[str, Any]] | None = None
+    budget_means: dict[int, list[tuple[dict[str, Any], float]]] | None = None
+
+    def confirm_combos(self) -> list[dict[str, Any]]:
+        """The values the confirm seeds run at: the choice, or every budget's (each once)."""
+        if self.by_budget is None:
+            return [] if self.chosen is None else [self.chosen]
+        out: list[dict[str, Any]] = []
+        for combo in self.by_budget.values():
+            if combo not in out:
+                out.append(combo)
+        return out
 
     def to_dict(self) -> dict[str, Any]:
-        return {"setting": self.setting, "chosen": self.chosen, "at_edge": self.at_edge, "tried": self.tried,
-                "extensions": self.extensions,
-                "tune_means": [{"values": combo, "mean_val_loss": mean} for combo, mean in self.means]}
+        out = {"setting": self.setting, "chosen": self.chosen, "at_edge": self.at_edge, "tried": self.tried,
+               "extensions": self.extensions,
+               "tune_means": [{"values": combo, "mean_val_loss": mean} for combo, mean in self.means]}
+        if self.by_budget is not None:
+            out["chosen_by_budget"] = [{"budget_tokens": b, "chosen": combo} for b, combo in self.by_budget.items()]
+            out["tune_means_by_budget"] = [{"budget_tokens": b, "values": combo, "mean_val_loss": mean}
+                                           for b, ms in (self.budget_means or {}).items() for combo, mean in ms]
+        return out
 
 
-Outcome = Callable[[dict[str, Any]], Any]  # params -> final loss, None (ended without one), or PENDING
+# params -> final loss, None (ended without one), or PENDING; with per_budget, params -> {budget
+# tokens: loss or None} once the trial ended (its branches' losses), or PENDING.
+Outcome = Callable[[dict[str, Any]], Any]
 
 
 def settle(conf: ProtocolConf, setting: dict[str, Any], initial: dict[str, list[Any]],
            outcome: Outcome) -> tuple[list[dict[str, Any]], Choice | None]:
     """(tuning points still to run, None) while the setting's tuning is unfinished, else
-    ([], its Choice). Replays the extensions from the outcomes, so it is the same on a rerun."""
+    ([], its Choice). Replays the extensions from the outcomes, so it is the same on a rerun.
+    With per_budget every budget chooses on its own, and a choice at an edge for any budget
+    extends that edge."""
     tried = {k: sorted(v) for k, v in initial.items()}
     used = {(k, side): 0 for k in tried for side in ("low", "high")}
     while True:
@@ -131,32 +158,57 @@ def settle(conf: ProtocolConf, setting: dict[str, Any], initial: dict[str, list[
         todo = [p for p in points if outcome(p) is PENDING]
         if todo:
             return todo, None
-        means = []
-        for combo in combos:
-            losses = [outcome({**setting, **combo, conf.seed_key: s}) for s in conf.tune_seeds]
-            if all(x is not None and math.isfinite(x) for x in losses):
-                means.append((combo, sum(losses) / len(losses)))
+        means = _means_by_budget(conf, setting, combos, outcome)
         extensions = sum(used.values())
-        if not means:
-            return [], Choice(setting, tried, means, None, [], extensions)
-        best = min(means, key=lambda cm: cm[1])[0]
+        largest = max(means, key=lambda b: -1 if b is None else b)
+        if not means[largest]:
+            return [], Choice(setting, tried, [], None, [], extensions, *_per_budget(conf, means, {}))
+        best = {b: min(ms, key=lambda cm: cm[1])[0] for b, ms in means.items() if ms}
         grew, at_edge = False, []
         for key, values in tried.items():
-            side = "low" if best[key] == values[0] else "high" if best[key] == values[-1] else None
-            if side is None:
-                continue
-            if used[key, side] < conf.max_extensions:
-                tried[key] = sorted([*values, step_past(values, side)])
-                used[key, side] += 1
-                grew = True
-            else:
-                at_edge.append(key)
+            sides = {"low" if c[key] == values[0] else "high" if c[key] == values[-1] else None for c in best.values()}
+            for side in sorted(sides - {None}):
+                if used[key, side] < conf.max_extensions:
+                    tried[key] = sorted([*tried[key], step_past(tried[key], side)])
+                    used[key, side] += 1
+                    grew = True
+                elif key not in at_edge:
+                    at_edge.append(key)
         if not grew:
-            return [], Choice(setting, tried, means, best, at_edge, extensions)
+            return [], Choice(setting, tried, means[largest], best[largest], at_edge, extensions,
+                              *_per_budget(conf, means, best))
+
+
+def _means_by_budget(conf: ProtocolConf, setting: dict[str, Any], combos: list[dict[str, Any]],
+                     outcome: Outcome) -> dict[int | None, list[tuple[dict[str, Any], float]]]:
+    """Per budget (None without per_budget), each combination's mean over the tuning seeds,
+    where every seed completed that budget."""
+    per_seed = {tuple(combo.items()): [outcome({**setting, **combo, conf.seed_key: s}) for s in conf.tune_seeds]
+                for combo in combos}
+    if conf.per_budget:
+        budgets = sorted({b for losses in per_seed.values() for x in losses if isinstance(x, dict) for b in x})
+        at = {b: lambda x, b=b: x.get(b) if isinstance(x, dict) else None for b in budgets} or {None: lambda x: None}
+    else:
+        at = {None: lambda x: x}
+    means: dict[int | None, list[tuple[dict[str, Any], float]]] = {}
+    for b, read in at.items():
+        means[b] = []
+        for combo in combos:
+            losses = [read(x) for x in per_seed[tuple(combo.items())]]
+            if all(x is not None and math.isfinite(x) for x in losses):
+                means[b].append((combo, sum(losses) / len(losses)))
+    return means
+
+
+def _per_budget(conf: ProtocolConf, means, best) -> tuple[dict | None, dict | None]:
+    if not conf.per_budget:
+        return None, None
+    return ({b: c for b, c in best.items() if b is not None},
+            {b: ms for b, ms in means.items() if b is not None})
 
 
 def confirm_points(conf: ProtocolConf, choices: list[Choice]) -> list[dict[str, Any]]:
-    return [{**c.setting, **c.chosen, conf.seed_key: s} for c in choices if c.chosen is not None
+    return [{**c.setting, **combo, conf.seed_key: s} for c in choices for combo in c.confirm_combos()
             for s in conf.confirm_seeds]
 
 
@@ -187,7 +239,8 @@ def record(conf: ProtocolConf, choices: list[Choice], before: dict[str, Any] | N
     kept = [c for c in (before or {}).get("choices", []) if _setting_key(c["setting"]) not in mine]
     confirm = list(dict.fromkeys([*(before or {}).get("confirm_seeds", []), *conf.confirm_seeds]))
     return {"tune": list(conf.tune), "seed_key": conf.seed_key, "tune_seeds": list(conf.tune_seeds),
-            "confirm_seeds": confirm, "max_extensions": conf.max_extensions, "choices": [*kept, *mine.values()]}
+            "confirm_seeds": confirm, "max_extensions": conf.max_extensions, "per_budget": conf.per_budget,
+            "choices": [*kept, *mine.values()]}
 
 
 def _setting_key(setting: dict[str, Any]) -> str:
@@ -200,8 +253,10 @@ def check_record(conf: ProtocolConf, before: dict[str, Any] | None) -> None:
     if before is None:
         return
     p = "hydra.sweeper.protocol"
-    for name in ("tune", "tune_seeds", "seed_key"):
-        if before.get(name) != getattr(conf, name) and before.get(name) != list(getattr(conf, name)):
+    before = {"per_budget": False, **before}  # records from before per_budget chose on the largest budget
+    for name in ("tune", "tune_seeds", "seed_key", "per_budget"):
+        mine = getattr(conf, name)
+        if before.get(name) != (list(mine) if isinstance(mine, list | tuple) else mine):
             raise ConfigError(f"{p}.{name}={getattr(conf, name)!r} is invalid for this folder: its {RECORD} chose with "
                               f"{name}={before.get(name)!r}; keep that or use a new name=...")
 
@@ -214,10 +269,11 @@ def describe_plan(conf: ProtocolConf, space: SweepSpace) -> list[str]:
     n_tune = len(setts) * n_combos * len(conf.tune_seeds)
     most = len(setts) * math.prod(len(v) + 2 * conf.max_extensions for v in grid.values()) * len(conf.tune_seeds)
     n_confirm = len(setts) * len(conf.confirm_seeds)
+    per_budget = " (per_budget: once per distinct value the budgets choose)" if conf.per_budget else ""
     tuned = " ".join(f"{k}={','.join(map(str, v))}" for k, v in grid.items())
     return [
         f"# stage 1 (tune): {len(setts)} setting(s) x {tuned} x {conf.seed_key} in {conf.tune_seeds} = {n_tune} trials; "
         f"a choice at an edge adds a value past it (up to {conf.max_extensions} a side: at most {most} trials)",
         f"# stage 2 (confirm): {len(setts)} setting(s) at the value(s) stage 1 chooses x {conf.seed_key} in "
-        f"{conf.confirm_seeds} = {n_confirm} trials",
+        f"{conf.confirm_seeds} = {n_confirm} trials{per_budget}",
     ]

@@ -1,0 +1,123 @@
+"""Select, then confirm per budget (hydra.sweeper.protocol.per_budget): each budget of
+train.budgets chooses its own lr from its cooldown branch on the tuning seeds, an edge that any
+budget chooses is extended, and the confirm seeds run every lr some budget chose, once."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pandas as pd
+import pytest
+
+from core.errors import ConfigError
+from sweeper import protocol
+from sweeper.config import ProtocolConf
+
+from .conftest import sweep
+
+CONF = ProtocolConf(tune=["optim.lr"], tune_seeds=[100], confirm_seeds=[1, 2], per_budget=True)
+BUDGETS = (1000, 2000, 4000)
+
+
+def branches(best: dict[int, float]):
+    """Per budget a loss lowest at that budget's best lr (quadratic in log lr)."""
+    return lambda p: {b: 3.0 + (math.log2(p["optim.lr"]) - math.log2(lr)) ** 2 for b, lr in best.items()}
+
+
+def run_rounds(conf, grid, outcome):
+    """Settle as the driver does: every pending point 'trains', then settle again."""
+    ran, seen = [], set()
+
+    def seen_only(p):
+        return outcome(p) if p["optim.lr"] in seen else protocol.PENDING
+
+    while True:
+        todo, choice = protocol.settle(conf, {"arm": "a"}, grid, seen_only)
+        if choice is not None:
+            return ran, choice
+        ran.append(sorted({p["optim.lr"] for p in todo}))
+        seen.update(p["optim.lr"] for p in todo)
+
+
+def test_each_budget_chooses_its_own_lr_and_confirm_runs_each_chosen_lr_once():
+    ran, choice = run_rounds(CONF, {"optim.lr": [2e-3, 4e-3, 8e-3, 16e-3]},
+                             branches({1000: 8e-3, 2000: 8e-3, 4000: 4e-3}))
+    assert ran == [[2e-3, 4e-3, 8e-3, 16e-3]] and choice.extensions == 0
+    assert choice.by_budget == {1000: {"optim.lr": 8e-3}, 2000: {"optim.lr": 8e-3}, 4000: {"optim.lr": 4e-3}}
+    assert choice.chosen == {"optim.lr": 4e-3}  # the largest budget's, for readers of one choice
+    points = protocol.confirm_points(CONF, [choice])
+    assert points == [{"arm": "a", "optim.lr": 8e-3, "seed": 1}, {"arm": "a", "optim.lr": 8e-3, "seed": 2},
+                      {"arm": "a", "optim.lr": 4e-3, "seed": 1}, {"arm": "a", "optim.lr": 4e-3, "seed": 2}]
+    record = choice.to_dict()
+    assert [c["budget_tokens"] for c in record["chosen_by_budget"]] == list(BUDGETS)
+    assert len(record["tune_means_by_budget"]) == 3 * 4
+
+
+def test_an_edge_any_budget_chooses_is_extended_on_both_sides():
+    # The smallest budget wants 32e-3 (above the grid), the largest 1e-3 (below it).
+    ran, choice = run_rounds(CONF, {"optim.lr": [2e-3, 4e-3, 8e-3, 16e-3]},
+                             branches({1000: 32e-3, 2000: 8e-3, 4000: 1e-3}))
+    # One step past each edge in the same round, until both choices are inside.
+    assert ran[1:] == [[1e-3, 32e-3], [5e-4, 64e-3]]
+    assert choice.by_budget[1000] == {"optim.lr": 32e-3} and choice.by_budget[4000] == {"optim.lr": 1e-3}
+    assert choice.at_edge == [] and choice.extensions == 4
+    # Past the limit the budget's choice stays at the edge, and the record says so.
+    _, stuck = run_rounds(CONF, {"optim.lr": [2e-3, 4e-3]}, branches({1000: 1.0, 2000: 3e-3}))
+    assert stuck.at_edge == ["optim.lr"] and stuck.by_budget[1000] == {"optim.lr": 16e-3}
+
+
+def test_a_budget_whose_branch_is_missing_on_a_value_chooses_among_the_rest():
+    def outcome(p):
+        out = branches({1000: 4e-3, 2000: 4e-3})(p)
+        if p["optim.lr"] == 4e-3:
+            out[1000] = None  # its 1000-token branch file was damaged
+        return out
+
+    conf = ProtocolConf(tune=["optim.lr"], tune_seeds=[100], confirm_seeds=[1], per_budget=True, max_extensions=0)
+    _, choice = run_rounds(conf, {"optim.lr": [2e-3, 4e-3, 8e-3]}, outcome)
+    assert choice.by_budget[2000] == {"optim.lr": 4e-3} and choice.by_budget[1000]["optim.lr"] != 4e-3
+
+
+def test_a_folder_chosen_per_budget_refuses_a_command_without_it():
+    record = protocol.record(CONF, [])
+    assert record["per_budget"] is True
+    plain = ProtocolConf(tune=["optim.lr"], tune_seeds=[100], confirm_seeds=[1, 2])
+    with pytest.raises(ConfigError, match="per_budget=False is invalid for this folder"):
+        protocol.check_record(plain, record)
+    old = {k: v for k, v in protocol.record(plain, []).items() if k != "per_budget"}  # a record from before the key
+    protocol.check_record(plain, old)
+
+
+PER_BUDGET = ["arm=baseline,small", "optim.lr=1e-3,1e-2", "optim.schedule=wsd", "train.max_tokens=null",
+              "train.budgets=[512,1024]", "train.cooldown_frac=0.25", "hydra.sweeper.protocol.tune=[optim.lr]",
+              "hydra.sweeper.protocol.tune_seeds=[100]", "hydra.sweeper.protocol.confirm_seeds=[1,2]",
+              "hydra.sweeper.protocol.max_extensions=0", "hydra.sweeper.protocol.per_budget=true",
+              "wandb.mode=disabled", "name=pb"]
+
+
+def test_a_per_budget_sweep_chooses_from_the_branches_and_confirms_each_choice(tmp_path, data_cache):
+    proc = sweep(tmp_path, data_cache, *PER_BUDGET)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    sweep_dir = tmp_path / "sweeps" / "pb"
+    record = json.loads((sweep_dir / "protocol.json").read_text())
+    df = pd.read_parquet(sweep_dir / "results.parquet")
+    tune, confirm = df[df["role"] == "tune"], df[df["role"] == "confirm"]
+    assert record["per_budget"] is True
+    for choice in record["choices"]:
+        arm = choice["setting"]["arm"]
+        mine = tune[tune["param.arm"] == arm]
+        chosen = {c["budget_tokens"]: c["chosen"]["optim.lr"] for c in choice["chosen_by_budget"]}
+        for tokens, lr in chosen.items():  # each budget's choice is its own branch's lowest loss
+            rows = mine[mine["budget_tokens"] == tokens]
+            assert lr == rows.loc[rows["final_val_loss"].idxmin(), "lr"]
+        confirmed = confirm[(confirm["param.arm"] == arm) & (confirm["budget_tokens"] == 1024)]
+        assert sorted(confirmed["lr"]) == sorted([lr for lr in set(chosen.values()) for _ in (1, 2)])
+    assert "1,024 tokens: optim.lr=" in proc.stdout
+
+
+def test_per_budget_without_budgets_is_refused_before_anything_is_written(tmp_path, data_cache):
+    args = [a for a in PER_BUDGET if not a.startswith(("train.budgets", "train.max_tokens", "train.cooldown"))]
+    proc = sweep(tmp_path, data_cache, *args)
+    assert proc.returncode != 0 and "per_budget=true is invalid here" in proc.stderr
+    assert not (tmp_path / "sweeps" / "pb").exists()
