@@ -1,0 +1,91 @@
+"""The token crossover's fit on synthetic data with a known answer: each budget's gap pairs
+the arms at that budget's own lr, the per-seed line recovers a known D* inside its Fieller
+interval, a flat gap leaves D* unbounded, and Holm runs over the budget gaps and the slope."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from experiments import token_crossover as tc
+
+BUDGETS = [524288, 1048576, 2097152, 4194304, 8388608]
+# Each budget's chosen lr: the baseline's falls with the budget, the recipe's stays.
+CHOSEN = {"baseline": {b: lr for b, lr in zip(BUDGETS, [16e-3, 16e-3, 8e-3, 8e-3, 4e-3])},
+          "small": {b: 4e-3 for b in BUDGETS}}
+
+
+def rows(d_star: float, slope: float, seeds=range(1, 7), noise: float = 0.01, seed: int = 0) -> pd.DataFrame:
+    """Confirm rows whose gap (small - baseline) at the chosen lrs is slope * ln(D / d_star) plus
+    per-seed noise, and decoy rows at lrs no budget chose (far off, so pairing them would show)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for s in seeds:
+        for b in BUDGETS:
+            base = 6.0 - 0.3 * math.log(b / BUDGETS[0]) + rng.normal(0, 0.02)
+            gap = slope * math.log(b / d_star) + rng.normal(0, noise)
+            out.append(dict(arm="baseline", seed=s, lr=CHOSEN["baseline"][b], budget_tokens=b, loss=base))
+            out.append(dict(arm="small", seed=s, lr=CHOSEN["small"][b], budget_tokens=b, loss=base + gap))
+            out.append(dict(arm="small", seed=s, lr=1e-3, budget_tokens=b, loss=base + 5.0))  # decoy
+    return pd.DataFrame(out)
+
+
+def test_a_known_crossover_is_recovered_inside_its_interval():
+    out = tc.analyse(rows(d_star=3e6, slope=-0.05), CHOSEN, "baseline", "small")
+    line = out["line"]
+    lo, hi = line.d_star_interval()
+    assert line.star_kind == "bounded" and lo < 3e6 < hi and line.d_star == pytest.approx(3e6, rel=0.3)
+    assert line.b == pytest.approx(-0.05, abs=0.01) and line.n == 6
+    assert "inside the measured budgets" in out["decision"] and "the recipe leads past D*" in out["decision"]
+    # The gap at each budget is the decoy-free pairing: near slope * ln(D / D*).
+    for g in out["budgets"]:
+        assert g["gap"] == pytest.approx(-0.05 * math.log(g["tokens"] / 3e6), abs=0.02) and g["n"] == 6
+    assert out["family_size"] == len(BUDGETS) + 1
+
+
+def test_a_crossover_past_the_budgets_is_called_an_extrapolation():
+    out = tc.analyse(rows(d_star=6e7, slope=-0.08, noise=0.003), CHOSEN, "baseline", "small")
+    lo, hi = out["line"].d_star_interval()
+    assert lo > BUDGETS[-1] and "beyond the measured budgets" in out["decision"]
+
+
+def test_a_flat_gap_leaves_d_star_unbounded_and_every_budget_inconclusive():
+    flat = rows(d_star=1.0, slope=0.0, noise=0.02)
+    flat.loc[flat["arm"] == "small", "loss"] += 0.0  # gap = 0 + noise at every budget
+    out = tc.analyse(flat, CHOSEN, "baseline", "small")
+    assert out["line"].star_kind != "bounded" and out["decision"].startswith("D* not bounded")
+    assert all(g["verdict"].startswith("inconclusive") for g in out["budgets"])
+
+
+def test_holm_runs_over_the_budget_gaps_and_the_slope():
+    out = tc.analyse(rows(d_star=3e6, slope=-0.05), CHOSEN, "baseline", "small")
+    family = [g["p_two"] for g in out["budgets"]] + [out["line"].p_b_two]
+    assert [g["p_holm"] for g in out["budgets"]] + [out["line"].p_b_holm] == pytest.approx(tc.holm(family))
+    # Far from D* the gap is decided; at the budget nearest D* (2M-4M) it is not.
+    verdicts = {g["tokens"]: g["verdict"] for g in out["budgets"]}
+    assert verdicts[BUDGETS[0]] == "baseline ahead" and verdicts[BUDGETS[-1]] == "recipe ahead"
+
+
+def test_fieller_matches_the_ratio_when_the_slope_is_sharp():
+    kind, lo, hi = tc.fieller(a=0.2, b=-0.1, cov=np.diag([1e-6, 1e-6]), t=2.0)
+    assert kind == "bounded" and lo < 2.0 < hi and hi - lo < 0.1
+    assert tc.fieller(a=0.2, b=-0.001, cov=np.diag([1e-4, 1e-4]), t=2.0)[0] != "bounded"
+
+
+def test_from_sweep_reads_the_chosen_lrs_of_a_per_budget_record(tmp_path):
+    record = {"per_budget": True, "choices": [
+        {"setting": {"arm": arm}, "chosen_by_budget": [{"budget_tokens": b, "chosen": {"optim.lr": lr}} for b, lr in c.items()]}
+        for arm, c in CHOSEN.items()]}
+    (tmp_path / "protocol.json").write_text(json.dumps(record))
+    r = rows(d_star=3e6, slope=-0.05)
+    df = pd.DataFrame({"state": "COMPLETE", "role": "confirm", "param.arm": r["arm"], "param.seed": r["seed"],
+                       "lr": r["lr"], "budget_tokens": r["budget_tokens"], "final_val_loss": r["loss"]})
+    out = tc.from_sweep(tmp_path, df)
+    assert out["recipe"] == "small" and out["line"].n == 6 and out["chosen"]["baseline"][BUDGETS[0]] == 16e-3
+    record["per_budget"] = False
+    (tmp_path / "protocol.json").write_text(json.dumps(record))
+    assert tc.from_sweep(tmp_path, df) is None
