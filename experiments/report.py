@@ -32,12 +32,12 @@ DEFAULT_WIDTHS = (64, 128, 256, 512, 1024, 2048)
 DEFAULT_GAMMAS = (0.5, 0.75, 1.0, 1.25)
 
 # The page, top to bottom: what the sweep found and the claims first, how it was run after.
-SECTIONS = (S.title, S.lead, S.verdicts, S.header, S.tuning, S.failures, S.budget, S.loss_vs_gamma, S.anchor, S.width,
+SECTIONS = (S.title, S.lead, S.verdicts, S.header, S.crossover_by_budget, S.tuning, S.failures, S.budget, S.loss_vs_gamma, S.anchor, S.width,
             S.effective_size, S.tokens, M.mechanism, M.residual_balance, S.optuna_importances, S.evidence)
 # summary.json keeps one key order, so that a rebuilt report diffs cleanly against the
 # committed docs/results/*/summary.json.
 SUMMARY_KEYS = ("sweep", "dirs", "metric", "dtype", "generated", "findings", "scale", "best_gamma", "cells",
-                "effective_size", "crossover", "tokens", "residual_balance", "importances", "anchor", "tuning", "budget", "width_trend", "claims",
+                "token_crossover", "effective_size", "crossover", "tokens", "residual_balance", "importances", "anchor", "tuning", "budget", "width_trend", "claims",
                 "figures", "build_s")
 
 

@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pandas as pd
 
-from . import anchor_phase, budgets, findings, protocol
+from . import anchor_phase, budgets, findings, protocol, token_crossover, token_crossover_section
 from . import figures as F
 from .context import Context, Part
 from .importance import importances
@@ -152,6 +152,17 @@ def verdicts(ctx: Context) -> Part:
 def budget(ctx: Context) -> Part:
     blocks, summary = protocol.budget_section(ctx.sweep, ctx.claims, ctx.figs, ctx.metric)
     return blocks, dict(budget=summary)
+
+
+def crossover_by_budget(ctx: Context) -> Part:
+    """A sweep that chose each budget's lr (protocol per_budget): the gap per budget and D*."""
+    if ctx.budget_sweep is None or len(ctx.sweep.dirs) != 1:
+        return [], dict(token_crossover=None)
+    tc = token_crossover.from_sweep(ctx.sweep.dirs[0], ctx.budget_sweep.results, metric=ctx.metric)
+    if tc is None:
+        return [], dict(token_crossover=None)
+    blocks, summary = token_crossover_section.section(tc, ctx.figs)
+    return blocks, dict(token_crossover=summary)
 
 
 def loss_vs_gamma(ctx: Context) -> Part:

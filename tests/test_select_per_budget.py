@@ -115,6 +115,23 @@ def test_a_per_budget_sweep_chooses_from_the_branches_and_confirms_each_choice(t
         assert sorted(confirmed["lr"]) == sorted([lr for lr in set(chosen.values()) for _ in (1, 2)])
     assert "1,024 tokens: optim.lr=" in proc.stdout
 
+    # The report pairs each budget's arms at that budget's lrs (experiments/token_crossover.py).
+    from experiments.report import build
+
+    out = build([sweep_dir], out_root=tmp_path / "reports", log=lambda *_: None)
+    summary = json.loads((out / "summary.json").read_text())["token_crossover"]
+    chosen = {c["setting"]["arm"]: {x["budget_tokens"]: x["chosen"]["optim.lr"] for x in c["chosen_by_budget"]}
+              for c in record["choices"]}
+    assert [g["tokens"] for g in summary["budgets"]] == [512, 1024]
+    for g in summary["budgets"]:
+        assert g["n"] == 2 and g["lr_baseline"] == chosen["baseline"][g["tokens"]]
+        at = confirm[confirm["budget_tokens"] == g["tokens"]]
+        rec = at[(at["param.arm"] == "small") & (at["lr"] == chosen["small"][g["tokens"]])]["final_val_loss"].mean()
+        base = at[(at["param.arm"] == "baseline") & (at["lr"] == chosen["baseline"][g["tokens"]])]["final_val_loss"].mean()
+        assert g["gap"] == pytest.approx(rec - base)
+    assert summary["decision"].startswith("no crossover estimate")  # 2 budgets: no line
+    assert "Where the gap crosses" in (out / "index.html").read_text()
+
 
 def test_per_budget_without_budgets_is_refused_before_anything_is_written(tmp_path, data_cache):
     args = [a for a in PER_BUDGET if not a.startswith(("train.budgets", "train.max_tokens", "train.cooldown"))]

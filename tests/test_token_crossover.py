@@ -89,3 +89,17 @@ def test_from_sweep_reads_the_chosen_lrs_of_a_per_budget_record(tmp_path):
     record["per_budget"] = False
     (tmp_path / "protocol.json").write_text(json.dumps(record))
     assert tc.from_sweep(tmp_path, df) is None
+
+
+def test_the_section_draws_both_figures_and_keeps_the_line_in_the_summary(tmp_path):
+    from experiments.figures import Figures
+    from experiments.token_crossover_section import section
+
+    out = tc.analyse(rows(d_star=3e6, slope=-0.05), CHOSEN, "baseline", "small")
+    r = rows(d_star=3e6, slope=-0.05)
+    out.update(chosen=CHOSEN, tune=r.drop(columns="seed").groupby(["arm", "lr", "budget_tokens"], as_index=False).mean())
+    blocks, summary = section(out, Figures(tmp_path))
+    assert (tmp_path / "crossover_gap.png").exists() and (tmp_path / "crossover_lr.png").exists()
+    lo, hi = summary["line"]["d_star_interval"]
+    assert lo < summary["line"]["d_star"] < hi and len(summary["per_seed"]) == 6
+    assert any("D* = " in str(b.content) for b in blocks)
