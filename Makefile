@@ -22,7 +22,7 @@ ARGS ?=
 # The main job: the paper's two knobs on the CPU default model (8 trials, a few minutes).
 SWEEP_GRID ?= init.gamma=0.5,0.75,1.0,1.25 norm.eps=1e-5,1e-12
 
-.PHONY: help install sweep run test test-slow test-full report experiments bench lint dashboard clean
+.PHONY: help install lock sweep run test test-slow test-full report experiments bench lint dashboard clean
 
 help: ## Show this help
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -35,6 +35,9 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q $(PIP_TORCH_INDEX) "$(TORCH_SPEC)"
 	$(PY) -m pip install -q -e '.[$(EXTRAS)]'
 	@touch $(STAMP)
+
+lock: install ## Write requirements-lock.txt: the exact versions installed (records hash it: core/provenance.py)
+	$(PY) -m pip freeze --exclude-editable | grep -v '^-e ' > requirements-lock.txt
 
 sweep: install ## Run the main sweep: gamma x eps on the CPU default model (ARGS=... adds overrides)
 	$(PY) sweep.py -m $(SWEEP_GRID) $(ARGS)

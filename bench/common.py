@@ -7,12 +7,13 @@ import contextlib
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from core import provenance as prov
 
 REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "conf"
@@ -208,42 +209,15 @@ def machine_info() -> dict[str, Any]:
     return info
 
 
-# The CPU features that decide which kernels torch runs here: vector width, and native bf16,
-# fp16 and int8 math (x86 /proc/cpuinfo "flags", Arm "Features"). A figure measured with
-# avx512_bf16 says nothing about a CPU without it, so each entry records those present.
-CPU_FLAGS = ("avx", "avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16",
-             "amx_tile", "amx_bf16", "amx_int8", "asimd", "sve", "sve2", "bf16", "i8mm")
-
-
 def provenance(machine: dict[str, Any]) -> dict[str, Any]:
-    """Where a results entry came from: the commit (null outside a git checkout) and the tracked
-    files that differed from it, the date, the machine and its CPU flags. Each entry carries
-    its own, so a table of entries never has to guess which run one came from."""
-    commit, uncommitted = _git_state()
-    return {"commit": commit, "uncommitted": uncommitted, "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "machine": {k: machine.get(k) for k in ("hostname", "cpu_model", "cpu_count", "gpu", "torch")},
-            "cpu_flags": [f for f in CPU_FLAGS if f in _cpuinfo()[1]]}
-
-
-def _git_state() -> tuple[str | None, list[str] | None]:
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=True, timeout=30).stdout
-
-    try:
-        return git("rev-parse", "HEAD").strip(), sorted(git("diff", "--name-only", "HEAD").split())
-    except (OSError, subprocess.SubprocessError):
-        return None, None
+    """Where a results entry came from (core/provenance.py: commit, packages, lock file, CPU
+    flags), with the bench's own machine keys. Each entry carries its own, so a table of
+    entries never has to guess which run one came from."""
+    p = prov.record(REPO)
+    return {**p, "machine": {k: machine.get(k) for k in ("hostname", "cpu_model", "cpu_count", "gpu", "torch")},
+            "cpu_flags": p["machine"]["cpu_flags"], "loadavg": p["machine"]["loadavg"]}
 
 
 def _cpuinfo() -> tuple[str | None, set[str]]:
-    """(CPU model, feature flags) from /proc/cpuinfo; the platform's name and no flags elsewhere."""
-    model, flags = None, set()
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            key = key.strip().lower()
-            if key == "model name" and model is None:
-                model = value.strip()
-            elif key in ("flags", "features") and not flags:
-                flags = set(value.split())
-    return model or platform.processor() or None, flags
+    model, flags = prov.cpu_identity()
+    return model or None, flags

@@ -21,6 +21,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from core import provenance
+from core.results_schema import results_path
+
 from . import sections as S
 from . import sections_mechanism as M
 from .context import Context
@@ -38,7 +41,7 @@ SECTIONS = (S.title, S.lead, S.verdicts, S.header, S.crossover_by_budget, S.tuni
 # committed docs/results/*/summary.json.
 SUMMARY_KEYS = ("sweep", "dirs", "metric", "dtype", "generated", "findings", "scale", "best_gamma", "cells",
                 "token_crossover", "effective_size", "crossover", "tokens", "residual_balance", "importances", "anchor", "tuning", "budget", "width_trend", "claims",
-                "figures", "build_s")
+                "figures", "build_s", "provenance")
 
 
 def _jsonable(obj):
@@ -81,12 +84,18 @@ def build(dirs: list[Path], out_root: Path = Path("reports"), baseline_gamma: fl
         section_blocks, part = section(ctx)
         blocks += section_blocks
         parts.update(part)
-    parts.update(dtype=ctx.dtype, figures=ctx.figs.as_dicts(), build_s=time.time() - t0)
+    parts.update(dtype=ctx.dtype, figures=ctx.figs.as_dicts(), build_s=time.time() - t0, provenance=_provenance(dirs))
     summary = dict(sorted(parts.items(), key=lambda kv: SUMMARY_KEYS.index(kv[0])))
     (out / "report.md").write_text(to_markdown(blocks))
     (out / "index.html").write_text(to_html(blocks, f"smallinit report: {sweep.name}", out))
     (out / "summary.json").write_text(json.dumps(_jsonable(summary), indent=1, ensure_ascii=False))
     return out
+
+
+def _provenance(dirs: list[Path]) -> dict:
+    """The analysis code, packages and machine that built this summary, and the sha256 of each
+    results table it read (the trials themselves name theirs in their folders)."""
+    return {**provenance.record(), "results_sha256": {d.name: provenance.file_sha256(results_path(d)) for d in dirs}}
 
 
 def _parse_kv(spec: str | None) -> dict[str, str] | None:

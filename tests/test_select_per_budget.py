@@ -131,6 +131,12 @@ def test_a_per_budget_sweep_chooses_from_the_branches_and_confirms_each_choice(t
         assert g["gap"] == pytest.approx(rec - base)
     assert summary["decision"].startswith("no crossover estimate")  # 2 budgets: no line
     assert "Where the gap crosses" in (out / "index.html").read_text()
+    # The summary names the code, packages and machine that built it, and the table it read.
+    import hashlib
+
+    prov = json.loads((out / "summary.json").read_text())["provenance"]
+    assert len(prov["commit"]) == 40 and prov["packages"]["torch"] and prov["machine"]["cpu_count"] >= 1
+    assert prov["results_sha256"]["pb"] == hashlib.sha256((sweep_dir / "results.parquet").read_bytes()).hexdigest()
 
 
 def test_per_budget_without_budgets_is_refused_before_anything_is_written(tmp_path, data_cache):

@@ -17,12 +17,13 @@ import contextlib
 import hashlib
 import json
 import os
-import platform
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+
+from core.provenance import cpu_identity
 
 # CPU feature flags (x86 /proc/cpuinfo "flags", Arm "Features") that give native bf16 math.
 BF16_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")
@@ -40,19 +41,7 @@ class DtypeChoice:
 
 
 def _cpu_identity() -> tuple[str, set[str]]:
-    """(CPU model, feature flags) from /proc/cpuinfo; the platform's name and no flags elsewhere."""
-    model, flags = "", set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            key = key.strip().lower()
-            if key in ("model name", "cpu part") and not model:
-                model = value.strip()
-            elif key in ("flags", "features") and not flags:
-                flags = set(value.split())
-    except OSError:
-        pass
-    return model or platform.processor() or platform.machine(), flags
+    return cpu_identity()
 
 
 def _matmul_gflops(dtype: torch.dtype, reps: int = 5) -> float:
