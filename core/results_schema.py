@@ -145,14 +145,15 @@ def to_stored_path(path: str | Path | None, sweep_dir: str | Path) -> str | None
 
 def to_local_path(stored: str | None, sweep_dir: str | Path, identity: str | None = None) -> str | None:
     """Where a stored artifact path is now: relative ones under sweep_dir; an absolute one from
-    an older table that no longer exists is looked for at the same place in this sweep folder."""
+    an older table is looked for at the same place in this sweep folder, and taken from there
+    when it is there: a copied folder reads its own files, even while the original exists."""
     if not isinstance(stored, str) or not stored:
         return None
     path = Path(stored)
     if not path.is_absolute():
         return str(Path(sweep_dir) / path)
     identity = trial_identity(identity) if identity else identity
-    if not path.exists() and identity and identity in path.parts:
+    if identity and identity in path.parts:
         moved = Path(sweep_dir) / Path(*path.parts[path.parts.index(identity) - 1:])
         if moved.exists():
             return str(moved)

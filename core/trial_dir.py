@@ -26,6 +26,11 @@ Every JSON file is written atomically, so a reader sees the old file or the new 
 that decide whether to train (the trainer, the worker) let a damaged file raise: taking a
 damaged result.json for "not finished" would train over a finished trial. The results table
 passes `damaged_ok=True`: one unreadable folder must not cost every other trial its row.
+
+A result read back must also be this trial's: a file copied in from another trial folder
+(another identity, or another budget's branch) is as unusable as a damaged one, and the same
+readers treat it the same way (damaged_result, damaged_budget). Paths a record stores
+(result.json's `artifacts`) are relative to the trial folder, so a copied folder reads its own.
 """
 
 from __future__ import annotations
@@ -76,6 +81,23 @@ def result_problem(result: Any) -> str | None:
     return None
 
 
+# A problem that says the file is another's (result_problem's others say it is damaged): a line
+# names it as such, not as damage, so the reader looks for the copy that put it there.
+FOREIGN = ("another trial's", "another budget's")
+
+
+def unusable(why: str) -> str:
+    """How one line names a file that cannot be reported: `another trial's file (...)` or `damaged (...)`."""
+    return why if why.startswith(FOREIGN) else f"damaged ({why})"
+
+
+def _set_aside(path: Path) -> Path:
+    """Rename path to <name>.corrupt-<time> beside itself (kept for a look, never read again)."""
+    aside = path.with_name(f"{path.name}.corrupt-{time.strftime('%Y%m%d-%H%M%S')}")
+    path.rename(aside)
+    return aside
+
+
 def _file(name: str) -> property:
     """A read-only path property: the file `name` inside the trial folder."""
     return property(lambda self: self.path / name, doc=f"{name} in the trial folder")
@@ -103,6 +125,17 @@ class TrialDir:
     @property
     def identity(self) -> str:
         return self.path.name
+
+    def own_identity(self) -> str | None:
+        """Whose folder this is, to check the results read back against: in a sweep
+        (trials/<identity>/) its name, which the driver made from the identity; elsewhere
+        (runs/<name>/<time>/) what sweep.json, else trial.json, records; None when nothing says."""
+        if self.path.parent.name == TRIALS_FOLDER:
+            return self.path.name
+        for record in (self.read_sweep_plan(), self.read_trial(damaged_ok=True)):
+            if isinstance(record, dict) and isinstance(record.get("identity"), str):
+                return record["identity"]
+        return None
 
     # ---- paths ----
     # The files of the module docstring, one line each.
@@ -152,12 +185,27 @@ class TrialDir:
             shutil.rmtree(path, ignore_errors=True)
 
     def artifacts(self, per_token_losses: bool) -> dict[str, str]:
-        """result.json's `artifacts`: where the outputs are; per_token_losses "" when none were written."""
+        """result.json's `artifacts`: the outputs' names relative to this folder (a copied or
+        moved folder then names its own files; artifact() reads them); per_token_losses "" when
+        none were written."""
         return {
-            "metrics": str(self.metrics), "probes": str(self.probes),
-            "per_token_losses": str(self.per_token_losses) if per_token_losses else "",
-            "model": str(self.model_weights),
+            "metrics": self.metrics.name, "probes": self.probes.name,
+            "per_token_losses": self.per_token_losses.name if per_token_losses else "",
+            "model": self.model_weights.name,
         }
+
+    def artifact(self, stored: str | None) -> Path | None:
+        """Where an `artifacts` entry is: a relative one (written since they are) inside this
+        folder; an absolute one (older records) is this folder's own file of that name when
+        it names a folder of this name and the file is here (the record was copied with the
+        folder), else the path as stored. None for "" or None (not written)."""
+        if not stored:
+            return None
+        path = Path(stored)
+        if not path.is_absolute():
+            return self.path / path
+        own = self.path / path.name
+        return own if path.parent.name == self.path.name and own.exists() else path
 
     # ---- sweep.json: the driver's plan ----
 
@@ -201,21 +249,34 @@ class TrialDir:
 
     def damaged_result(self) -> str | None:
         """Why result.json, which is there, cannot be reported (unreadable, cut off, another
-        schema, no finite loss); None when it is missing or whole."""
+        schema, no finite loss, another trial's); None when it is missing or whole."""
+        return self._problem(self.result_json)
+
+    def _problem(self, path: Path, tokens: int | None = None, identity: str | None = None) -> str | None:
+        """Why the result at path (result.json, or budgets/<tokens>.json) cannot be reported
+        as trial `identity`'s (default own_identity()); None when it is missing or whole and its own."""
         try:
-            result = json.loads(self.result_json.read_bytes())
+            result = json.loads(path.read_bytes())
         except FileNotFoundError:
             return None
         except (json.JSONDecodeError, UnicodeDecodeError):
             return "not readable JSON (cut off or overwritten)"
-        return result_problem(result)
+        problem = result_problem(result)
+        if problem is not None:
+            return problem
+        own = identity or self.own_identity()
+        if own is not None and result["identity"] != own:
+            return f"another trial's file: it holds trial {result['identity']}'s result, this folder is trial {own}"
+        # Files from before budget_tokens was recorded have none: nothing to hold them to.
+        recorded = result.get("budget_tokens")
+        if tokens is not None and recorded is not None and recorded != tokens:
+            return f"another budget's file: it holds the {recorded}-token branch's result, not the {tokens}-token one"
+        return None
 
     def set_aside_result(self) -> Path:
         """Rename result.json beside itself (kept, as a damaged checkpoint is): the trial is
         then unfinished and trains again."""
-        aside = self.result_json.with_name(f"{self.result_json.name}.corrupt-{time.strftime('%Y%m%d-%H%M%S')}")
-        self.result_json.rename(aside)
-        return aside
+        return _set_aside(self.result_json)
 
     # ---- budgets/<tokens>.json: one budget's result ----
 
@@ -225,6 +286,26 @@ class TrialDir:
     def read_budget_result(self, tokens: int, damaged_ok: bool = False) -> dict[str, Any] | None:
         """The result of the branch that ends at `tokens`, or None if it has not been evaluated."""
         return _read_json(self.budget_json(tokens), damaged_ok)
+
+    def damaged_budget(self, tokens: int, identity: str | None = None) -> str | None:
+        """Why budgets/<tokens>.json, which is there, cannot be reported as the `tokens` branch
+        of trial `identity` (default own_identity(); damaged_result's reasons, or another
+        budget's); None when it is missing or whole."""
+        return self._problem(self.budget_json(tokens), tokens, identity)
+
+    def set_aside_budget(self, tokens: int) -> Path:
+        """Rename budgets/<tokens>.json beside itself (kept): its branch is then not done."""
+        return _set_aside(self.budget_json(tokens))
+
+    def planned_budgets(self) -> list[int]:
+        """train.budgets as trial.json (else sweep.json) records it; [] without budgets or a readable config."""
+        for record in (self.read_trial(damaged_ok=True), self.read_sweep_plan()):
+            cfg = record.get("config") if isinstance(record, dict) else None
+            train = cfg.get("train") if isinstance(cfg, dict) else None
+            if isinstance(train, dict):
+                budgets = train.get("budgets") or []
+                return [b for b in budgets if isinstance(b, int)] if isinstance(budgets, list) else []
+        return []
 
     def write_failure(self, reason: str, traceback: str, kind: str | None = None) -> None:
         atomic_write_json(self.failure_json, {"reason": reason, "traceback": traceback, "kind": kind})

@@ -16,7 +16,7 @@ import pandas as pd
 
 from core import results_schema as schema
 from core.files import atomic_write
-from core.trial_dir import TrialDir, result_problem
+from core.trial_dir import TrialDir, unusable
 
 from . import protocol, summary
 
@@ -32,7 +32,7 @@ def trial_rows(trial_dir: TrialDir, study_state: dict[str, Any] | None = None,
     if not _has_config(meta) and _has_config(plan):  # planned, never started, or trial.json damaged
         meta = {"identity": plan.get("identity", trial_dir.identity), "config": plan["config"]}
     if not _has_config(meta):
-        return []
+        return _unreadable_settings_row(trial_dir, study_state or {}, sweep_dir)
     cfg = meta["config"]
     model, train = cfg["model"], cfg["train"]
     result, failure = trial_dir.read_result(damaged_ok=True), trial_dir.read_failure(damaged_ok=True)
@@ -50,7 +50,7 @@ def trial_rows(trial_dir: TrialDir, study_state: dict[str, Any] | None = None,
             state = schema.FAIL
             damage = "missing"
     if damage is not None:  # never a COMPLETE row without the numbers that make it one
-        what = "missing" if damage == "missing" else f"damaged ({damage})"
+        what = "missing" if damage == "missing" else unusable(damage)
         failure, result = {"reason": f"{trial_dir.result_json.name} is {what}: the next run of the sweep "
                                      "trains the trial again"}, None
     attempts = trial_dir.read_attempts(damaged_ok=True)
@@ -84,7 +84,7 @@ def trial_rows(trial_dir: TrialDir, study_state: dict[str, Any] | None = None,
         budget_tokens=_planned_tokens(train),
     )
     if result is not None:
-        row.update(_outcome(result))
+        row.update(_outcome(result, trial_dir))
     elif state == schema.PRUNED:
         last = trial_dir.last_metrics()
         row.update(final_val_loss=last.get("val/loss"), best_val_loss=last.get("val/best_loss"), tokens=last.get("tokens"))
@@ -109,15 +109,38 @@ def _planned_tokens(train: dict[str, Any]) -> int:
     return steps * per_step
 
 
-def _outcome(result: dict[str, Any]) -> dict[str, Any]:
-    """The outcome columns of a result (result.json, or a budget's budgets/<tokens>.json)."""
+def _unreadable_settings_row(trial_dir: TrialDir, study_state: dict[str, Any], sweep_dir: Path | None) -> list[dict[str, Any]]:
+    """A FAIL row naming the files whose settings cannot be read, for a trial that started
+    (trial.json, result.json or failure.json is there): one that ran or finished is never
+    dropped from the table without a word. [] for one only planned: its sweep.json is
+    rewritten when it is planned again (and folders of older sweeps held no config there)."""
+    records = (trial_dir.sweep_json, trial_dir.trial_json, trial_dir.result_json, trial_dir.failure_json)
+    if not any(p.exists() for p in records[1:]):
+        return []
+    bad = " and ".join(f"{p.name} is {'missing' if not p.exists() else 'damaged'}" for p in records[:2])
+    row = schema.new_row({})
+    row.update(
+        trial_number=study_state.get("number"), identity=trial_dir.identity, trial_identity=trial_dir.identity,
+        state=schema.FAIL, role=study_state.get("role"), trial_dir=str(trial_dir.path),
+        fail_reason=f"{bad}: the trial's settings cannot be read, so its result cannot be reported; restore "
+                    f"either file, or move {trial_dir.path} aside and rerun the sweep to train the trial again",
+    )
+    if sweep_dir is not None:
+        row["trial_dir"] = schema.to_stored_path(row["trial_dir"], sweep_dir)
+    return [row]
+
+
+def _outcome(result: dict[str, Any], trial_dir: TrialDir) -> dict[str, Any]:
+    """The outcome columns of a result (result.json, or a budget's budgets/<tokens>.json); its
+    artifact paths resolved in trial_dir (an old absolute one is this folder's file when it is here)."""
     final = result.get("final_metrics", {})
+    per_token = trial_dir.artifact(result.get("artifacts", {}).get("per_token_losses"))
     out = dict(
         n_params=result["n_params"], tokens=result["tokens"], final_val_loss=result["final_val_loss"],
         best_val_loss=result["best_val_loss"], unigram_entropy=result["unigram_entropy"], wall_s=result["wall_s"],
         tokens_per_s=result["tokens_per_s"], mfu=result["mfu"], dtype=result.get("dtype"),
         corpus_tokens=result.get("corpus_tokens"),
-        per_token_losses_path=result.get("artifacts", {}).get("per_token_losses") or None,
+        per_token_losses_path=str(per_token) if per_token is not None else None,
     )
     for column in schema.PROBE_COLUMNS:
         out[column.name] = final.get(schema.probe_metric(column))
@@ -140,11 +163,14 @@ def _budget_rows(row: dict[str, Any], trial_dir: TrialDir, budgets: list[int]) -
         largest = tokens == budgets[-1]
         out = dict(row, identity=schema.budget_identity(row[schema.IDENTITY], tokens), budget_tokens=tokens)
         branch = trial_dir.read_budget_result(tokens, damaged_ok=True)
-        if branch is not None and result_problem(branch) is None:
+        why = trial_dir.damaged_budget(tokens)  # damaged, or another trial's or budget's copied in
+        if branch is not None and why is None:
             out.update(outcome, state=schema.COMPLETE, fail_reason=None)
-            out.update(_outcome(branch))
-        elif row[schema.STATE] == schema.COMPLETE:  # result.json without its budget file: damaged or removed
-            out.update(outcome, state=schema.FAIL, fail_reason=f"{trial_dir.budget_json(tokens)} is missing or damaged")
+            out.update(_outcome(branch, trial_dir))
+        elif row[schema.STATE] == schema.COMPLETE:  # result.json without its budget file: study_rebuild.reconcile heals it
+            heal = "rewrites it from result.json" if largest else "trains the trial again"
+            out.update(outcome, state=schema.FAIL, fail_reason=f"{trial_dir.budget_json(tokens)} is "
+                       f"{'missing' if why is None else unusable(why)}: the next run of the sweep {heal}")
         elif not largest:
             out.update(outcome)
         if not largest:

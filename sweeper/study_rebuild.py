@@ -10,10 +10,13 @@ A study trial still RUNNING whose folder ended is closed as the folder says: the
 killed after the worker wrote result.json (or failure.json) and before it told the study.
 
 The other way round (reconcile, run first): a result.json that cannot be reported (unreadable,
-cut off, another schema, no finite loss) is set aside, and an ended study trial whose folder is
-gone, or that says COMPLETE while its folder holds no result.json, is superseded. Each is named
-in one line and the trial trains again: a result that cannot be read cannot be reported, and
-skipping it would drop the trial from results.parquet without a word.
+cut off, another schema, no finite loss, another trial's copied in) is set aside, and an ended
+study trial whose folder is gone, or that says COMPLETE while its folder holds no result.json,
+is superseded. Each is named in one line and the trial trains again: a result that cannot be
+read cannot be reported, and skipping it would drop the trial from results.parquet without a
+word. So is a finished trial's budgets/<tokens>.json (train.budgets) that is missing or not its
+own: the largest budget's is rewritten from result.json (they hold the same result); another's
+branch forked from a stable state that is gone, so the trial trains again.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from optuna.distributions import (
 )
 from optuna.trial import TrialState
 
-from core.trial_dir import TRIALS_FOLDER, TrialDir
+from core.trial_dir import TRIALS_FOLDER, TrialDir, unusable
 
 from .study import TRIAL_DIR, Study
 
@@ -41,14 +44,18 @@ from .study import TRIAL_DIR, Study
 def reconcile(study: Study, sweep_dir: Path) -> list[str]:
     """Make the folders and the study agree before a plan reads them; one line per difference.
     Only trials whose folders belong in sweep_dir are judged: a shared study's others are not ours."""
-    lines, set_aside = [], set()
+    lines, set_aside = [], {}
     for d in TrialDir.all_in_sweep(sweep_dir):
         why = d.damaged_result()
         if why is not None:
             aside = d.set_aside_result()
-            set_aside.add(d.identity)
-            lines.append(f"{shown(d.result_json)} is damaged ({why}): set aside as {aside.name}; "
+            set_aside[d.identity] = f"{d.result_json.name} was {unusable(why)}"
+            lines.append(f"{shown(d.result_json)} is {unusable(why)}: set aside as {aside.name}; "
                          "the trial trains again")
+        elif d.finished:
+            lines += _heal_budgets(d)
+            if not d.finished:
+                set_aside[d.identity] = "a budget's result was missing or not its own"
     trials = Path(sweep_dir).resolve() / TRIALS_FOLDER
     for ident, t in study.by_identity().items():
         folder = t.user_attrs.get(TRIAL_DIR)
@@ -56,7 +63,7 @@ def reconcile(study: Study, sweep_dir: Path) -> list[str]:
             continue
         d = TrialDir(folder)
         if ident in set_aside:  # named above
-            why = f"{d.result_json.name} was damaged"
+            why = set_aside[ident]
         elif not d.path.is_dir():
             why = f"its folder {shown(d.path)} is gone"
         elif t.state == TrialState.COMPLETE and not d.finished:
@@ -67,6 +74,31 @@ def reconcile(study: Study, sweep_dir: Path) -> list[str]:
         if ident not in set_aside:
             lines.append(f"trial {t.number} ({t.state.name.lower()}) is not in its folder: {why}; "
                          "the trial trains again")
+    return lines
+
+
+def _heal_budgets(d: TrialDir) -> list[str]:
+    """One line per budgets/<tokens>.json of finished trial d that is missing, damaged or not
+    its own. The largest budget's is rewritten from result.json (the same result); any other
+    sets result.json aside too, so the trial trains again and runs that branch."""
+    budgets, lines = d.planned_budgets(), []
+    result = d.read_result() if budgets else None  # whole and its own: reconcile checked it first
+    for tokens in budgets:
+        path = d.budget_json(tokens)
+        why = d.damaged_budget(tokens)
+        if why is None and path.exists():
+            continue
+        what = f"{shown(path)} is {'missing' if why is None else unusable(why)}"
+        if why is not None:
+            what += f": set aside as {d.set_aside_budget(tokens).name}"
+        if tokens == max(budgets) and result.get("budget_tokens") in (None, tokens):
+            d.write_budget_result(tokens, result)
+            lines.append(f"{what}; rewritten from result.json, which holds the same (largest) budget's result")
+        elif d.finished:
+            lines.append(f"{what}; result.json set aside as {d.set_aside_result().name}: the trial trains again "
+                         "to run that budget's branch")
+        else:  # result.json already set aside for an earlier budget: the retrain runs this one too
+            lines.append(f"{what}; its branch runs when the trial trains again")
     return lines
 
 
@@ -109,7 +141,7 @@ def _outcome(d: TrialDir) -> tuple[TrialState, float | None, dict[str, Any]]:
     if result is not None and damage is None:
         return TrialState.COMPLETE, result["final_val_loss"], {}
     if d.finished:  # reconcile sets such a file aside first; this is for a direct call
-        why = f"{d.result_json.name} is damaged ({damage}): the next run of the sweep sets it aside and trains it again"
+        why = f"{d.result_json.name} is {unusable(damage)}: the next run of the sweep sets it aside and trains it again"
     else:
         why = (failure or {}).get("reason") or "no finite validation loss"
     attrs = {"fail_reason": why}

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from core.trial_dir import TrialDir
+from core.trial_dir import TrialDir, unusable
 from trainer.config import TrialConfig
 
 from .failures import TRANSIENT, classify
@@ -183,6 +183,11 @@ def _train(spec: TrialSpec, out: TrialDir) -> dict[str, Any] | None:
     from trainer.reporting import MultiReporter
 
     _record_placement(out)
+    why = out.damaged_result()
+    if why is not None:  # the driver's reconcile sets these aside; one put there since is not used either
+        with output_to(out.log):
+            print(f"{out.result_json} is {unusable(why)}: set aside as {out.set_aside_result().name}; "
+                  "training the trial", flush=True)
     done = out.read_result()
     if done is None:
         reporters = [TuneReporter(spec.trial.train.total_steps)]

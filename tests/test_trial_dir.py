@@ -119,11 +119,13 @@ def test_writes_are_atomic_and_leave_no_temporary_files(tmp_path):
 
 
 def test_artifacts_name_the_outputs(tmp_path):
+    """Relative to the folder (a copied folder names its own files); artifact() reads them back."""
     d = TrialDir(tmp_path)
-    assert d.artifacts(per_token_losses=True) == {"metrics": str(d.metrics), "probes": str(d.probes),
-                                                  "per_token_losses": str(d.per_token_losses),
-                                                  "model": str(d.model_weights)}
+    assert d.artifacts(per_token_losses=True) == {"metrics": "metrics.jsonl", "probes": "probes",
+                                                  "per_token_losses": "per_token_losses.npz", "model": "model.pt"}
     assert d.artifacts(per_token_losses=False)["per_token_losses"] == ""
+    assert [d.artifact(v) for v in d.artifacts(per_token_losses=True).values()] == [
+        d.metrics, d.probes, d.per_token_losses, d.model_weights]
 
 
 # ---- the results table ----

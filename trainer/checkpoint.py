@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import json
 import shutil
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -22,7 +23,7 @@ if TYPE_CHECKING:  # torch is imported where a checkpoint is written: the sweep 
 
     from core.trial_dir import TrialDir
 
-from core.errors import first_line
+from core.errors import ConfigError, first_line
 from core.files import atomic_write, atomic_write_json
 
 # Errors that say the machine is at fault, not the file: the checkpoint is left in place.
@@ -139,6 +140,20 @@ def _set_aside(path: Path, e: Exception, log) -> None:
     path.rename(aside)
     log(f"{path} is unreadable ({type(e).__name__}: {first_line(e)}); set aside as {aside.name}, "
         "training from step 0")
+
+
+def check_weights_owner(path: Path, state: dict[str, Any], identity: str | None, record: Path, log=None) -> None:
+    """model.pt carries the identity of the trial that wrote it (trainer/loop.py saves it with
+    the weights): another trial's model.pt copied into a folder is refused, not read as this
+    trial's. One without an identity (written by hand, or by an older tool) is taken on the
+    word of `record` (trial.json), with a one-line note saying so."""
+    owner = state.get("identity")
+    if owner is None:
+        (log or (lambda m: print(m, file=sys.stderr)))(
+            f"note: {path} records no trial identity: taken as trial {identity}, as {record} says, unchecked")
+    elif owner != identity:
+        raise ConfigError(f"{path} holds trial {owner}'s weights, but {record} is trial {identity}: nothing "
+                          f"exported; put trial {identity}'s model.pt there, or export trial {owner}'s own folder")
 
 
 def _check_identity(path: Path, state: dict[str, Any], identity: str) -> None:

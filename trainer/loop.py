@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from core.trial_dir import TrialDir
+from core.trial_dir import TrialDir, unusable
 from model import Transformer, run_probes
 
 from .checkpoint import save_checkpoint
@@ -147,7 +147,14 @@ def run_trial(trial: TrialConfig, out_dir: Path, reporter: Reporter | None = Non
     if state is not None:
         start, best = state["step"], state["best_val_loss"]
         prior_wall, prior_train = state["wall_s"], state["train_s"]
-    budgets_done = _budgets_done(folder, side, identity, state)
+    # Rank 0 reads the budget files (and sets a bad one aside); every rank follows its word.
+    budgets_done, restart = dist.share(_budgets_done(folder, side, identity, state, log) if dist.is_main else None)
+    if restart:  # past the fork of a branch with no result of its own: only a run from step 0 goes through it
+        if dist.is_main:
+            folder.drop_checkpoint()
+        model = Transformer(trial.model).to(device)  # init.seed: the same weights the first start drew
+        step_model, optimizer = dist.wrap(model), make_optimizer(model, trial.optim)
+        state, start, best, prior_wall, prior_train = None, 0, None, 0.0, 0.0
     if state is not None:
         note = f" (budgets done: {', '.join(str(b) for b in sorted(budgets_done))})" if budgets_done else ""
         log(f"resuming {identity} from step {start}/{total}{note}")
@@ -333,22 +340,33 @@ def run_trial(trial: TrialConfig, out_dir: Path, reporter: Reporter | None = Non
     return result
 
 
-def _budgets_done(folder: TrialDir, side: list[Branch], identity: str, state: dict | None) -> set[int]:
-    """The budgets whose branch already ran: the checkpoint's list and the budget files (a
-    file written after the last checkpoint counts). A checkpoint past the fork of a budget
-    that did not run cannot go back to it: that is an error, not a silent gap."""
-    done = set(state.get("budgets_done", ())) if state is not None else set()
-    for b in side:
-        recorded = folder.read_budget_result(b.tokens)
-        if recorded is not None and recorded["identity"] == identity:
-            done.add(b.tokens)
+def _budgets_done(folder: TrialDir, side: list[Branch], identity: str, state: dict | None, log) -> tuple[set[int], bool]:
+    """(the budgets whose branch already ran, whether the run must start again from step 0).
+    A branch ran when its budgets/<tokens>.json is whole and this trial's <tokens> branch: the
+    file is what the table reports, so the checkpoint's list (written after it) only says which
+    to expect. A damaged or foreign file is set aside and named in one line; its branch runs
+    again at its fork, or, when the checkpoint is past that fork (the stable state there is
+    gone), the trial trains again from step 0 rather than finish without that budget."""
     step = state["step"] if state is not None else 0
-    missed = [b for b in side if b.fork < step and b.tokens not in done]
-    if missed:
-        raise RuntimeError(f"{folder.checkpoint} is at step {step}, past step {missed[0].fork} where budget "
-                           f"{missed[0].tokens}'s cooldown forks, and {folder.budget_json(missed[0].tokens)} is "
-                           "missing: delete the checkpoint to train the trial again")
-    return done
+    listed = set(state.get("budgets_done", ())) if state is not None else set()
+    done, restart = set(), False
+    for b in side:
+        path, why = folder.budget_json(b.tokens), folder.damaged_budget(b.tokens, identity)
+        if why is None and path.exists():
+            done.add(b.tokens)
+            continue
+        if why is None and b.tokens not in listed and b.fork >= step:
+            continue  # not reached yet
+        what = f"{path} is missing"
+        if why is not None:
+            what = f"{path} is {unusable(why)}: set aside as {folder.set_aside_budget(b.tokens).name}"
+        if b.fork < step:
+            restart = True
+            log(f"{what}; the checkpoint (step {step}) is past its fork (step {b.fork}): training the trial "
+                "again from step 0")
+        else:
+            log(f"{what}; the {b.tokens}-token branch runs again at its fork (step {b.fork})")
+    return done, restart
 
 
 def _sync_every(device: torch.device) -> int:
