@@ -24,6 +24,7 @@ from core.trial_dir import TrialDir
 from model.config import AttnConfig, FFNConfig, InitConfig, ModelConfig, NormConfig
 
 from . import shards
+from .checkpoint import check_weights_owner
 from .corpus import EOT
 
 # our name -> transformers' Llama name; {i} is the layer index
@@ -104,7 +105,7 @@ def export(trial_dir: Path, out_dir: Path, tokenizer: Path | None = None) -> Pat
     # Settled before anything is written, so a refusal leaves no half-made folder.
     out_dir = Path(out_dir)
     _check_out_dir(out_dir)
-    state = _read_weights(folder.model_weights, torch)
+    state = _read_weights(folder.model_weights, torch, record.get("identity"), folder.trial_json)
     tok_file = Path(tokenizer) if tokenizer else _trained_tokenizer(record["config"]["data"])
     eot = _end_of_text_id(tok_file, cfg.vocab_size) if tok_file is not None else None
     hf = llama_state_dict(state, cfg.n_layers)
@@ -139,9 +140,10 @@ def _check_out_dir(out_dir: Path) -> None:
             return
 
 
-def _read_weights(path: Path, torch) -> dict:
-    """model.pt's state dict. The trainer writes it atomically, so a file that does not load
-    was damaged afterwards (a copy cut short, a full disk elsewhere)."""
+def _read_weights(path: Path, torch, identity: str | None, record: Path) -> dict:
+    """model.pt's state dict, if it is trial `identity`'s (as `record`, trial.json, says). The
+    trainer writes it atomically, so a file that does not load was damaged afterwards (a copy
+    cut short, a full disk elsewhere)."""
     try:
         state = torch.load(path, map_location="cpu", weights_only=False)
         if not isinstance(state, dict) or not isinstance(state.get("model"), dict):
@@ -154,6 +156,7 @@ def _read_weights(path: Path, torch) -> dict:
         raise ConfigError(f"{path} is unreadable ({type(e).__name__}: {first_line(e)}): copy it again from where "
                           "it came, or move the trial's result.json aside and rerun the sweep's command to "
                           "train the trial again") from None
+    check_weights_owner(path, state, identity, record)
     return state["model"]
 
 
