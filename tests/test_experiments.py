@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from omegaconf import OmegaConf
 
@@ -22,16 +24,17 @@ EXPECTED = {
     "anchor": (12, {"nano"}),
     "width_trend": (18, {"micro"}),
     "bf16_check": (6, {"micro"}),
-    "gpu/gamma_scan": (10, {"0.1b"}),
-    "gpu/eps_fix": (4, {"0.5b"}),
-    "gpu/gate": (6, {"0.1b"}),
-    "gpu/scaling": (8, {"0.1b", "0.25b", "0.5b", "1b"}),
-    "gpu/moe": (2, {"moe-0.5b"}),
-    "gpu/anchor": (128, {"nano"}),
+    "gpu/gamma_scan": (15, {"0.1b"}),
+    "gpu/eps_fix": (12, {"0.5b"}),
+    "gpu/gate": (18, {"0.1b"}),
+    "gpu/scaling": (24, {"0.1b", "0.25b", "0.5b", "1b"}),
+    "gpu/moe": (6, {"moe-0.5b"}),
+    "gpu/anchor": (64, {"nano"}),
 }
 # The CPU records run select, then confirm: experiment -> (stage 1's first round, stage 2) trials.
 STAGES = {"gamma_scan": (12, 24), "eps_fix": (6, 8), "gate": (12, 16), "moe": (6, 16), "anchor": (12, 16),
-          "width_trend": (18, 24)}
+          "width_trend": (18, 24), "gpu/gamma_scan": (15, 20), "gpu/eps_fix": (12, 16), "gpu/gate": (18, 24),
+          "gpu/moe": (6, 8), "gpu/scaling": (24, 32)}
 
 
 # gpu/anchor composes 128 grid points (~35 s on 2 cores): in the slow set.
@@ -45,7 +48,8 @@ def test_experiment_composes_into_its_grid(experiment, data_cache):
     assert base.name == experiment.replace("/", "_")
     if experiment.startswith("gpu/") and experiment != "gpu/anchor":
         for t in trials:  # Chinchilla: 20 tokens per active parameter
-            assert t.train.max_tokens == pytest.approx(20 * t.model.num_params(active=True), rel=1e-6)
+            ungated = t.model.replace(attn=dataclasses.replace(t.model.attn, gate="none"))
+            assert t.train.max_tokens == pytest.approx(20 * ungated.num_params(active=True), rel=1e-6)
             assert t.train.compile and t.model.vocab_size == 32768
 
 
@@ -71,7 +75,7 @@ def plan(experiment):
 
 
 @pytest.mark.parametrize("experiment", list(STAGES))
-def test_cpu_forms_choose_the_lr_on_tuning_seeds_and_compare_on_four_or_more_others(experiment, data_cache):
+def test_every_form_chooses_the_lr_on_tuning_seeds_and_compares_on_four_or_more_others(experiment, data_cache):
     base, conf, space = plan(experiment)
     protocol.check(conf, space, asha=bool(base.hydra.sweeper.asha.enabled))  # the sweep would not refuse it
     lrs = space.discrete["optim.lr"].values
@@ -82,7 +86,8 @@ def test_cpu_forms_choose_the_lr_on_tuning_seeds_and_compare_on_four_or_more_oth
     t = trial_of(experiment, f"{conf.seed_key}=7")
     assert t.model.init.seed == t.train.seed == 7
     _, trials = grid_trials(experiment)
-    assert len({(t.train.max_tokens, t.train.max_steps) for t in trials}) == 1  # one budget for every arm
+    budgets = {(t.preset, t.model.d_model, t.train.max_tokens, t.train.max_steps) for t in trials}
+    assert len(budgets) == len({b[:2] for b in budgets})  # one budget for every arm of a size
     # --show prints both stages (sweeper/show.py prints these lines).
     stage1, stage2 = protocol.describe_plan(conf, space)
     n_tune, n_confirm = STAGES[experiment]

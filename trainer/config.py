@@ -81,7 +81,8 @@ class TrainConfig:
     max_tokens: int | None = 122_880  # budget in tokens (60 steps) ...
     max_steps: int | None = None  # ... or in optimizer steps (wins when set)
     # ... or per parameter (Chinchilla's rule of thumb is 20; wins over both): sets max_tokens
-    # from the model's size when the trial is built.
+    # from the model's size when the trial is built (active parameters without the attention
+    # gate, so the arms of one size train the same tokens and pair).
     tokens_per_param: float | None = None
     # The most passes over the corpus's training tokens a budget may take (checked before launch,
     # trainer/data_check.py): past a few, a run measures memorisation, not the paper's question.
@@ -271,8 +272,8 @@ class TrialArgs:
         model = self.model.build(data.vocab_size, train.seq_len, norm=self.norm, attn=self.attn, init=self.init)
         require(model.vocab_size >= data.vocab_size, "model.vocab_size", model.vocab_size,
                 f"must be >= the data's vocabulary ({data.vocab_size})")
-        if train.tokens_per_param is not None:
-            budget = int(train.tokens_per_param * model.num_params(active=True))
+        if train.tokens_per_param is not None:  # counted without the gate, as budgets_per_param: arms of a size pair
+            budget = int(train.tokens_per_param * model.replace(attn=AttnConfig()).num_params(active=True))
             train = dataclasses.replace(train, max_tokens=max(budget, train.tokens_per_step), max_steps=None)
         if train.budgets_per_param is not None:
             n, tps = model.replace(attn=AttnConfig()).num_params(active=True), train.tokens_per_step
