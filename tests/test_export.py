@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import re
 import subprocess
 import sys
 
 import pytest
 import torch
+from packaging.version import Version
 
 from core.errors import ConfigError
 from model import Transformer
@@ -19,6 +22,7 @@ from trainer.data_config import BilingualData
 from trainer.export import check_exportable, export, model_config_from_dict
 from trainer.loop import run_trial
 
+from . import hf_load
 from .conftest import REPO
 
 transformers = pytest.importorskip("transformers", reason="transformers is not installed (the export extra)")
@@ -89,3 +93,61 @@ def test_a_tokens_trial_exports_the_tokenizer_its_shards_were_made_with(trial_co
     assert proc.returncode == 2 and "no shards.json" in proc.stderr and "--tokenizer" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and not (tmp_path / "hf2").exists()
     assert export(tmp_path / "trial", tmp_path / "hf2", tokenizer).joinpath("tokenizer.json").is_file()
+
+
+@pytest.fixture
+def exported(trial_config, tmp_path):
+    """(folder, our model): a trial exported with a RoPE base other than 10000, the default a
+    transformers that misread config.json would silently fall back to. gamma 0.5's larger weights
+    make attention far from uniform, so that would move the logits by ~3, not ~4e-4."""
+    trial = trial_config("train.max_tokens=256", "model.rope_theta=500000", "init.gamma=0.5")
+    run_trial(trial, tmp_path / "trial", log=lambda *_: None)
+    out = export(tmp_path / "trial", tmp_path / "hf")
+    ours = Transformer(trial.model).eval()
+    ours.load_state_dict(torch.load(tmp_path / "trial" / "model.pt", weights_only=False)["model"])
+    return out, ours
+
+
+def check_load(seen: dict, ours) -> None:
+    """What a transformers user gets from the folder: the trained tokenizer, the same logits, and
+    generation that stops at <|endoftext|>."""
+    assert seen["tokenizer_class"] in ("PreTrainedTokenizerFast", "TokenizersBackend")  # 5's name for the same class
+    assert seen["input_names"] == ["attention_mask", "input_ids"] and len(seen["ids"]) > 8
+    assert seen["decoded"].strip() == hf_load.TEXT
+    with torch.no_grad():
+        logits = ours(torch.tensor([seen["ids"]]))[0]
+    assert (logits - torch.tensor(seen["logits"])).abs().max().item() < 1e-4
+    eot = seen["eot"]
+    assert seen["tokenizer_ids"] == seen["config_ids"] == [eot] * 3 and seen["generation_ids"] == [eot, eot]
+    new = seen["generated"]
+    assert new[-1] == eot and eot not in new[:-1] and len(new) <= hf_load.ORDINARY + 1, new
+    assert seen["generated_text"].endswith(EOT)
+
+
+def test_the_export_loads_and_generation_stops_at_end_of_text(exported):
+    folder, ours = exported
+    # Version-neutral files (trainer/export.py): no class only one transformers has.
+    assert json.loads((folder / "tokenizer_config.json").read_text())["tokenizer_class"] == "PreTrainedTokenizerFast"
+    check_load(hf_load.observe(str(folder)), ours)
+
+
+def oldest_transformers() -> str:
+    """The floor of the export extra in pyproject.toml: the oldest transformers users may have."""
+    return re.search(r'"transformers>=([0-9.]+)"', (REPO / "pyproject.toml").read_text()).group(1)
+
+
+@pytest.mark.slow  # a second Python, with the oldest transformers: .ci/run builds it (~1 min)
+def test_the_export_loads_in_the_oldest_transformers_admitted(request, tmp_path):
+    python = os.environ.get("SMALLINIT_OLDEST_TRANSFORMERS_PYTHON")
+    if not python:
+        pytest.skip(f"SMALLINIT_OLDEST_TRANSFORMERS_PYTHON is not set: build a Python with transformers=="
+                    f"{oldest_transformers()} by `bash .ci/oldest-transformers DIR` and set it to what that prints")
+    folder, ours = request.getfixturevalue("exported")  # trained only when there is a Python to load it in
+    proc = subprocess.run([python, str(REPO / "tests" / "hf_load.py"), str(folder), str(tmp_path / "seen.json")],
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    seen = json.loads((tmp_path / "seen.json").read_text())
+    assert Version(seen["transformers"]) == Version(oldest_transformers()), \
+        f"{python} has transformers {seen['transformers']}: rebuild it with .ci/oldest-transformers"
+    check_load(seen, ours)
+    assert seen["generated"] == hf_load.observe(str(folder))["generated"]  # greedy: the same tokens in both

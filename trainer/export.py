@@ -4,7 +4,10 @@ The dense, ungated RMSNorm model is, weight for weight, transformers' LlamaForCa
 rotate-half RoPE, SwiGLU, pre-norm, fp32 norm statistics), so the export is a renaming of the
 state dict plus a LlamaConfig; the tokenizer the trial trained on goes along as a
 PreTrainedTokenizerFast, with <|endoftext|> declared as its bos, eos and pad token and the same
-id in config.json and generation_config.json (lm-eval's HF model starts a context with it).
+id in config.json and generation_config.json (lm-eval's HF model starts a context with it, and
+generation stops at it). The folder loads in every transformers that pyproject.toml admits, not
+only the one that wrote it (tests/test_export.py loads it in the oldest too): see _write_tokenizer
+and _portable_config.
 A data=tokens trial takes the tokenizer trainer/make_shards.py recorded beside its shards, or
 --tokenizer. The folder then loads with `AutoModelForCausalLM.from_pretrained` and works with
 lm-evaluation-harness (tests/test_lm_eval.py) or vLLM. Gated attention and MoE have no Llama equivalent:
@@ -111,7 +114,7 @@ def export(trial_dir: Path, out_dir: Path, tokenizer: Path | None = None) -> Pat
     hf = llama_state_dict(state, cfg.n_layers)
     if cfg.tie_embeddings:
         hf.pop("lm_head.weight", None)
-    from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import LlamaForCausalLM
 
     model = LlamaForCausalLM(llama_config(cfg, eot))
     missing, unexpected = model.load_state_dict(hf, strict=False)
@@ -119,14 +122,41 @@ def export(trial_dir: Path, out_dir: Path, tokenizer: Path | None = None) -> Pat
     if missing or unexpected:
         raise RuntimeError(f"export mapping incomplete: missing {missing[:5]}, unexpected {unexpected[:5]}")
     model.save_pretrained(out_dir, safe_serialization=True)  # config.json and generation_config.json
+    _portable_config(out_dir / "config.json", cfg)
     if tok_file is not None:
-        specials = {} if eot is None else {f"{role}_token": EOT for role in ("bos", "eos", "pad")}
-        PreTrainedTokenizerFast(tokenizer_file=str(tok_file), model_max_length=cfg.max_seq_len,
-                                **specials).save_pretrained(out_dir)
-        shutil.copy(tok_file, out_dir / "tokenizer.json")
+        _write_tokenizer(out_dir, tok_file, eot is not None, cfg.max_seq_len)
     (out_dir / "smallinit.json").write_text(json.dumps({"identity": record["identity"], "config": record["config"]},
                                                        indent=2))
     return out_dir
+
+
+def _portable_config(path: Path, cfg: ModelConfig) -> None:
+    """Add the keys transformers 4 reads beside those 5 writes. transformers 5 writes RoPE's base
+    only inside `rope_parameters` and the dtype as `dtype`; 4.x reads `rope_theta` and
+    `torch_dtype`, and without them silently takes RoPE base 10000, which gives other logits for
+    any other model.rope_theta. transformers 5 reads the 4.x keys too, so both are written."""
+    config = json.loads(path.read_text())
+    config.setdefault("rope_theta", cfg.rope_theta)
+    config.setdefault("torch_dtype", config.get("dtype", "float32"))
+    path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
+def _write_tokenizer(out_dir: Path, tok_file: Path, has_eot: bool, max_len: int) -> None:
+    """tokenizer.json as trained, and the two small files that say how to load it, written here
+    rather than by the installed transformers' save_pretrained: transformers 5 names its own class
+    (TokenizersBackend), which AutoTokenizer of 4.x cannot find. PreTrainedTokenizerFast is the
+    class both know (5 keeps the name as an alias); special_tokens_map.json is where 4.x also
+    looks for the special tokens. Two settings are given, not left to each version's default:
+    clean_up_tokenization_spaces (4.x's True drops the spaces before punctuation that the byte-level
+    BPE keeps) and model_input_names (4.x's class also returns token_type_ids, which Llama's
+    generate refuses, so `model.generate(**tok(text, return_tensors="pt"))` would fail)."""
+    specials = {f"{role}_token": EOT for role in ("bos", "eos", "pad")} if has_eot else {}
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": max_len,
+              "model_input_names": ["input_ids", "attention_mask"], "clean_up_tokenization_spaces": False,
+              **specials}
+    (out_dir / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
+    (out_dir / "special_tokens_map.json").write_text(json.dumps(specials, indent=2) + "\n")
+    shutil.copy(tok_file, out_dir / "tokenizer.json")
 
 
 def _check_out_dir(out_dir: Path) -> None:
