@@ -24,7 +24,7 @@ def gap_figure(tc: dict):
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     per_seed, line = tc["per_seed"], tc["line"]
     x = np.log(np.asarray(per_seed.columns, dtype=float)) if not per_seed.empty else np.array([])
-    for seed, row in per_seed.iterrows():
+    for _, row in per_seed.iterrows():
         ax.plot(x, row.to_numpy(), color="0.75", lw=0.8, marker=".", zorder=1)
     b = tc["budgets"]
     xs = np.log([g["tokens"] for g in b])

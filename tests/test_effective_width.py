@@ -25,7 +25,7 @@ def tables(ratio: float, seeds: int = 6, noise: float = 0.004, seed: int = 0):
     base, rec = [], []
     for s in range(1, seeds + 1):
         luck = rng.normal(0, noise)  # a seed shifts both arms alike (paired seeds)
-        for d, n in N.items():
+        for n in N.values():
             base.append(dict(seed=s, n_params=n, loss=baseline_loss(n) + luck + rng.normal(0, noise / 4)))
         rec.append(dict(seed=s, loss=baseline_loss(ratio * N[128]) + luck + rng.normal(0, noise / 4)))
     return pd.DataFrame(base), pd.DataFrame(rec)
