@@ -12,6 +12,7 @@ conf/experiment/wsd_check.yaml runs the cosine side of the scaling_law record's 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -31,7 +32,22 @@ def _complete(sweep: Path) -> pd.DataFrame:
         raise SystemExit(f"error: {path} is missing: run that sweep's command first")
     df = pd.read_parquet(path)
     df = df[(df["state"] == "COMPLETE") & np.isfinite(df[LOSS])]
-    return df[df["role"] == "confirm"] if "role" in df and (df["role"] == "confirm").any() else df
+    df = df[df["role"] == "confirm"] if "role" in df and (df["role"] == "confirm").any() else df
+    return at_budget_choice(df, sweep)
+
+
+def at_budget_choice(df: pd.DataFrame, sweep: Path) -> pd.DataFrame:
+    """A sweep that chose each budget's lr (protocol per_budget) runs its confirm seeds at several
+    lrs: keep, per arm and budget, only the branches at the lr that budget chose."""
+    path = sweep / "protocol.json"
+    record = json.loads(path.read_text()) if path.is_file() else {}
+    if not record.get("per_budget") or "param.arm" not in df:
+        return df
+    chosen = {(c["setting"].get("arm"), int(x["budget_tokens"])): float(f"{x['chosen']['optim.lr']:.6g}")
+              for c in record.get("choices", []) for x in c.get("chosen_by_budget") or []}
+    keep = [chosen.get((arm, int(b))) == float(f"{lr:.6g}")
+            for arm, b, lr in zip(df["param.arm"], df["budget_tokens"], df["lr"])]
+    return df[keep]
 
 
 def pair(wsd: pd.DataFrame, cosine: pd.DataFrame) -> pd.DataFrame:
@@ -48,10 +64,13 @@ def pair(wsd: pd.DataFrame, cosine: pd.DataFrame) -> pd.DataFrame:
 def table(pairs: pd.DataFrame) -> str:
     lines = ["| budget [tokens] | seeds | lr WSD | lr cosine | WSD branch | cosine run | WSD − cosine | 95% interval |",
              "|---|---|---|---|---|---|---|---|"]
-    for budget, g in pairs.groupby("budget"):
+    arms = pairs[["gamma", "eps", "gate"]].astype(str).agg(" ".join, axis=1)
+    several = arms.nunique() > 1
+    for (budget, arm), g in pairs.assign(_arm=arms).groupby(["budget", "_arm"]):
         mean, lo, hi = t_interval(g["diff"].to_numpy())
         lrs = [", ".join(f"{v:g}" for v in sorted(g[f"lr_{side}"].unique())) for side in ("wsd", "cosine")]
-        lines.append(f"| {budget:,} | {', '.join(str(int(s)) for s in g['train_seed'])} | {lrs[0]} | {lrs[1]} | "
+        label = f"{budget:,}" + (f" (γ, eps, gate = {arm})" if several else "")
+        lines.append(f"| {label} | {', '.join(str(int(s)) for s in g['train_seed'])} | {lrs[0]} | {lrs[1]} | "
                      f"{g[f'{LOSS}_wsd'].mean():.4f} | {g[f'{LOSS}_cosine'].mean():.4f} | {mean:+.4f} | "
                      f"[{lo:+.4f}, {hi:+.4f}] |")
     return "\n".join(lines)

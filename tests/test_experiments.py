@@ -24,6 +24,9 @@ EXPECTED = {
     "anchor": (12, {"nano"}),
     "width_trend": (18, {"micro"}),
     "bf16_check": (6, {"micro"}),
+    "crossover": (8, {"micro"}),
+    "crossover_cosine": (16, {"micro"}),
+    "crossover_widths": (8, {"micro"}),
     "gpu/gamma_scan": (15, {"0.1b"}),
     "gpu/eps_fix": (12, {"0.5b"}),
     "gpu/gate": (18, {"0.1b"}),
@@ -34,7 +37,7 @@ EXPECTED = {
 # The CPU records run select, then confirm: experiment -> (stage 1's first round, stage 2) trials.
 STAGES = {"gamma_scan": (12, 24), "eps_fix": (6, 8), "gate": (12, 16), "moe": (6, 16), "anchor": (12, 16),
           "width_trend": (18, 24), "gpu/gamma_scan": (15, 20), "gpu/eps_fix": (12, 16), "gpu/gate": (18, 24),
-          "gpu/moe": (6, 8), "gpu/scaling": (24, 32)}
+          "gpu/moe": (6, 8), "gpu/scaling": (24, 32), "crossover": (8, 12), "crossover_widths": (8, 12)}
 
 
 # gpu/anchor composes 128 grid points (~35 s on 2 cores): in the slow set.
@@ -92,7 +95,7 @@ def test_every_form_chooses_the_lr_on_tuning_seeds_and_compares_on_four_or_more_
     stage1, stage2 = protocol.describe_plan(conf, space)
     n_tune, n_confirm = STAGES[experiment]
     assert stage1.startswith("# stage 1 (tune)") and f"= {n_tune} trials;" in stage1
-    assert stage2.startswith("# stage 2 (confirm)") and stage2.endswith(f"= {n_confirm} trials")
+    assert stage2.startswith("# stage 2 (confirm)") and f"= {n_confirm} trials" in stage2
     assert n_tune == len(trials) == len(protocol.settings(conf, space)) * len(lrs) * len(conf.tune_seeds)
 
 
@@ -191,3 +194,22 @@ def test_bf16_check_runs_and_reads_the_paired_gap(tmp_path, data_cache):
     assert got["pairs"] == 2 and len(got["loss_fp32"]) == len(got["loss_bf16"]) == 2
     assert got["gap"] == pytest.approx(sum(b - f for b, f in zip(got["loss_bf16"], got["loss_fp32"])) / 2)
     assert rc == (0 if got["inside_spread"] else 1)
+
+
+def test_crossover_forms_share_one_model_family_budgets_and_evaluation(data_cache):
+    from trainer.schedule import budget_branches, budget_warmup
+
+    _, runs = grid_trials("crossover")
+    _, widths = grid_trials("crossover_widths")
+    _, cosine = grid_trials("crossover_cosine")
+    for t in runs + widths + cosine:  # 4 layers, 2 heads at every width, one evaluation set, fp32
+        assert (t.model.n_layers, t.model.n_heads) == (4, 2) and t.train.eval_tokens == 65536
+        assert t.train.dtype == "fp32" and t.train.batch_size * t.train.seq_len == 1024
+    assert {t.model.d_model for t in runs} == {128} and {t.model.d_model for t in widths} == {96, 192}
+    assert {t.model.init.gamma for t in widths} == {0.5}  # the baseline only
+    for t in runs + widths:
+        assert t.train.budgets == (524288, 1048576, 2097152, 4194304, 8388608)
+        branches = budget_branches(t.train.budgets, t.train.tokens_per_step, t.train.cooldown_frac)
+        warmup = budget_warmup(branches, t.optim)
+        assert warmup == 102 and branches[0].fork - warmup >= 300  # the 0.5M budget keeps a stable phase
+    assert {t.train.max_tokens for t in cosine} == {1048576, 4194304} and {t.optim.schedule for t in cosine} == {"cosine"}

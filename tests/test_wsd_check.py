@@ -42,3 +42,24 @@ def test_cli_keeps_the_confirm_trials_writes_the_table_and_refuses_sweeps_with_n
     assert text.startswith("A WSD cooldown branch against a dedicated cosine run") and text.count("| 1, 2, 3 |") == 2
     assert main(["--wsd", str(tmp_path / "wsd"), "--cosine", str(tmp_path / "other")]) == 1
     assert "matches a branch" in capsys.readouterr().err
+
+
+def test_a_per_budget_sweep_pairs_each_budget_with_the_branch_at_that_budgets_lr(tmp_path):
+    import json
+
+    from experiments.wsd_check import _complete
+
+    wsd, cosine = _rows()
+    # Confirm runs at two lrs, each chosen by one budget; the other lr's branch at that budget is a decoy.
+    both = pd.concat([wsd[wsd["role"] == "confirm"].assign(lr=lr, final_val_loss=wsd["final_val_loss"] + off)
+                      for lr, off in ((1e-3, 0.0), (3e-3, 5.0))]).assign(**{"param.arm": "small"})
+    both.loc[(both["lr"] == 3e-3) & (both["budget_tokens"] == 2000), "final_val_loss"] -= 5.0
+    (tmp_path / "wsd").mkdir()
+    both.to_parquet(tmp_path / "wsd" / "results.parquet")
+    record = {"per_budget": True, "choices": [{"setting": {"arm": "small"}, "chosen_by_budget": [
+        {"budget_tokens": 1000, "chosen": {"optim.lr": 1e-3}}, {"budget_tokens": 2000, "chosen": {"optim.lr": 3e-3}}]}]}
+    (tmp_path / "wsd" / "protocol.json").write_text(json.dumps(record))
+    kept = _complete(tmp_path / "wsd")
+    assert sorted(zip(kept["budget_tokens"], kept["lr"])) == [(1000, 1e-3)] * 3 + [(2000, 3e-3)] * 3
+    pairs = pair(kept, cosine[cosine["role"] == "confirm"])
+    assert len(pairs) == 6 and pairs["diff"].round(6).tolist() == [-0.01, -0.02, -0.03] * 2
