@@ -24,6 +24,7 @@ def main(cfg: DictConfig) -> float | None:
     from hydra.core.hydra_config import HydraConfig
 
     from core.errors import ConfigError
+    from core.trial_dir import TrialDir
     from trainer.config import trial_config_from_dict
     from trainer.data_check import check_trials
     from trainer.host_memory import check_switch
@@ -41,6 +42,9 @@ def main(cfg: DictConfig) -> float | None:
     print(f"trial {trial.identity()}: {trial.preset} ({m.num_params() / 1e6:.2f}M params), "
           f"gamma={m.init.gamma} eps={m.norm.eps:g} gate={m.attn.gate}, "
           f"{trial.train.total_steps} steps x {trial.train.tokens_per_step} tokens -> {out_dir}")
+    # Said, because wandb.* is accepted here too: only a sweep's trials log to W&B.
+    print(f"W&B: disabled for a single run (a sweep, sweep.py -m, logs one W&B run per trial); "
+          f"metrics in {TrialDir(out_dir).metrics}")
     console = ConsoleReporter(trial.train.total_steps, description=trial.preset or "train")
     result = run_trial(trial, out_dir, reporter=console, prepared=prepared)
     if result.final_val_loss is not None:

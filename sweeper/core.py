@@ -27,8 +27,8 @@ from optuna.trial import TrialState
 
 from core.errors import ConfigError, first_line
 from core.files import atomic_write_json
-from core.trial_dir import TrialDir
 from core.results_schema import results_path
+from core.trial_dir import TrialDir
 from trainer.data_check import check_trials
 from trainer.host_memory import check_switch as check_allocator_switch
 
@@ -41,7 +41,14 @@ from .plan import plan_sweep
 from .precheck import check_name
 from .space import parse_sweep
 from .study import FINISHED
-from .summary import all_failed_before, failed_before_message, failed_run_message
+from .summary import (
+    all_failed_before,
+    check_wandb,
+    failed_before_message,
+    failed_run_message,
+    wandb_line,
+    wandb_sync_line,
+)
 from .trainable import TrialSpec
 from .tuner import import_tune, run_trials
 
@@ -61,6 +68,8 @@ def _run(conf: SmallinitSweeperConf, loader, base: DictConfig, arguments: list[s
     _quiet_libraries()
     ray_cfg = OmegaConf.to_container(base.get("ray", {}), resolve=True) or {}
     resources.check_local(ray_cfg)
+    wandb_cfg = OmegaConf.to_container(base.get("wandb", {}), resolve=True) or {}
+    check_wandb(wandb_cfg)
     check_allocator_switch()  # read again by each trial's worker
     space = parse_sweep(arguments, dict(conf.params) if conf.params else None)
     if "name" in space.swept_keys:  # `name` is the sweep's folder and study: one of each
@@ -83,7 +92,7 @@ def _run(conf: SmallinitSweeperConf, loader, base: DictConfig, arguments: list[s
         check_reachable(ray_cfg["address"])
     lock = hold_driver_lock(sweep_dir)  # one driver per folder, from its first write to its exit
     name = str(base.get("name", "sweep"))
-    trials = _Trials(conf, ray_cfg, lock, most)
+    trials = _Trials(conf, ray_cfg, lock, most, wandb_line(wandb_cfg, sweep_dir, name))
     try:
         if conf.protocol.enabled:
             study = _run_protocol(conf, composer, name, trials)
@@ -95,6 +104,9 @@ def _run(conf: SmallinitSweeperConf, loader, base: DictConfig, arguments: list[s
     finally:
         trials.close()
     df = write_results(sweep_dir, study)
+    sync = wandb_sync_line(sweep_dir)  # also after a stop or failures: what ran offline is complete
+    if sync:
+        print(sync, flush=True)
     if stop.received() is not None:
         print(stop.resume_line(), file=sys.stderr)
     elif trials.aborted:
@@ -108,10 +120,13 @@ def _run(conf: SmallinitSweeperConf, loader, base: DictConfig, arguments: list[s
 
 class _Trials:
     """Runs plans on Ray, started (or connected to) when the first plan has work: a rerun of
-    a finished sweep needs no cluster. Sums the outcomes of every plan it ran."""
+    a finished sweep needs no cluster. Sums the outcomes of every plan it ran. Says once, as the
+    first trials start, where their W&B runs go (start_line)."""
 
-    def __init__(self, conf: SmallinitSweeperConf, ray_cfg: dict[str, Any], lock, most_workers: int):
+    def __init__(self, conf: SmallinitSweeperConf, ray_cfg: dict[str, Any], lock, most_workers: int,
+                 start_line: str):
         self.conf, self.ray_cfg, self.lock, self.most_workers = conf, ray_cfg, lock, most_workers
+        self.start_line = start_line
         self.connected, self.started = False, False
         self.aborted: str | None = None
         self.failed = self.ended = 0
@@ -120,6 +135,7 @@ class _Trials:
         if not plan.has_work:
             return
         if not self.connected:
+            print(self.start_line, flush=True)
             # Ray's start (~4 s, mostly waiting for its processes) overlaps Tune's imports (~1 s).
             ready = _Background(import_tune)
             self.started, self.connected = connect_ray(self.ray_cfg), True

@@ -1,15 +1,18 @@
 """The closing summary of a sweep, read from its results table: how many trials are in each
 state, and each distinct failure reason with the trials (and their logs) it hit. One reason
-shared by twenty trials is one line to read, not twenty."""
+shared by twenty trials is one line to read, not twenty. And W&B's two lines: where the runs go,
+as the first trials start, and at the end the command that uploads the offline ones."""
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
 from core import results_schema as schema
-from core.errors import first_line
+from core.errors import ConfigError, first_line
 from core.trial_dir import TrialDir
 
 _ORDER = (schema.COMPLETE, schema.PRUNED, schema.FAIL, schema.INTERRUPTED)
@@ -61,3 +64,45 @@ def failed_before_message(n: int, results: Path) -> str:
     trials = "the one trial of this sweep" if n == 1 else f"all {n} trials of this sweep"
     return (f"{trials} failed in an earlier run and {'was' if n == 1 else 'were'} not run again (reasons above, "
             f"under 'failed'); hydra.sweeper.retry_failed=true trains them again (table: {results})")
+
+
+WANDB_MODES = ("auto", "online", "offline", "disabled")
+# wandb.init(dir=<trial folder>) (trainable.WandbReporter) keeps each run's files there, under
+# wandb/offline-run-<time>-<run id> when offline: one such folder per attempt of the trial.
+OFFLINE_RUNS = "trials/*/wandb/offline-run-*"
+
+
+def check_wandb(wandb_cfg: dict[str, Any]) -> None:
+    """Before launch: a mistyped mode would otherwise fail every trial in wandb.init."""
+    mode = wandb_cfg.get("mode", "auto")
+    if mode not in WANDB_MODES:
+        raise ConfigError(f"wandb.mode={mode} is invalid: must be one of {', '.join(WANDB_MODES)}")
+
+
+def wandb_line(wandb_cfg: dict[str, Any], sweep_dir: Path, group: str) -> str:
+    """One line as the first trials start: the mode the runs will have (auto resolved as the
+    workers resolve it, from this machine's key), where they appear and where their files go."""
+    from .trainable import wandb_mode
+
+    requested = wandb_cfg.get("mode", "auto")
+    mode = wandb_mode(requested)
+    why = f"wandb.mode={requested}"
+    if requested == "auto":
+        why += ": a W&B key is set" if mode == "online" else ": no WANDB_API_KEY or `wandb login`"
+    trials = sweep_dir / "trials" / "<identity>"
+    if mode == "disabled":
+        return f"W&B: disabled ({why}); each trial's metrics are in {trials / 'metrics.jsonl'}"
+    project = "/".join(str(p) for p in (wandb_cfg.get("entity"), wandb_cfg.get("project", "smallinit")) if p)
+    then = ", to upload with `wandb sync` (the command is printed at the end)" if mode == "offline" else ""
+    return f"W&B: {mode} ({why}), project {project}, group {group}, run files in {trials / 'wandb'}{then}"
+
+
+def wandb_sync_line(sweep_dir: Path) -> str | None:
+    """The command that uploads the sweep's offline runs not uploaded yet (`wandb sync` leaves a
+    run-<id>.wandb.synced beside what it uploaded and skips those); None when there are none.
+    The glob stays unquoted for the shell to expand; the folder is quoted."""
+    runs = [d for d in sweep_dir.glob(OFFLINE_RUNS) if d.is_dir() and not any(d.glob("*.wandb.synced"))]
+    if not runs:
+        return None
+    count = f"{len(runs)} offline run{'s' if len(runs) != 1 else ''}"
+    return f"W&B: {count} not uploaded yet; upload with: wandb sync {shlex.quote(str(sweep_dir))}/{OFFLINE_RUNS}"

@@ -155,6 +155,9 @@ def test_cli_single_run_prints_loss_and_outputs(data_cache, tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "unigram entropy" in proc.stdout and "outputs in" in proc.stdout
     assert TrialDir(tmp_path / "run").read_result()["steps"] == 8
+    # wandb.* is accepted here too, so the run says that only a sweep's trials go to W&B.
+    assert (f"W&B: disabled for a single run (a sweep, sweep.py -m, logs one W&B run per trial); metrics in "
+            f"{tmp_path / 'run' / 'metrics.jsonl'}") in proc.stdout.splitlines()
 
 
 def test_cli_rejects_bad_values_in_one_line(data_cache, tmp_path):
