@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -28,6 +29,7 @@ from scipy import stats
 
 from core import results_schema as schema
 
+from .md_table import fmt, table
 from .paired import holm, signflip_p, t_interval, t_pvalues
 
 ALPHA = 0.05  # two-sided, family-wise over the budget gaps and the slope (Holm)
@@ -252,3 +254,54 @@ def tune_table(df: pd.DataFrame, metric: str) -> pd.DataFrame:
     t = df[(df[schema.STATE] == schema.COMPLETE) & (df["role"] == "tune")]
     return pd.DataFrame({"arm": t["param.arm"], "lr": t["lr"], "budget_tokens": t[schema.BUDGET_TOKENS],
                          "loss": t[metric]}).dropna().sort_values(["arm", "budget_tokens", "lr"]).reset_index(drop=True)
+
+
+def status(sweep_dir: Path, metric: str = schema.FINAL_VAL_LOSS) -> str:
+    """Where a per_budget sweep stands, as markdown: every finished branch's loss per (stage,
+    arm, lr, budget), the choices made so far, and the line once confirm seeds are in."""
+    from sweeper.results import build_table  # the trial folders as they are now, mid-sweep too
+
+    sweep_dir = Path(sweep_dir)
+    df = build_table(sweep_dir)
+    if df.empty:
+        return f"# {sweep_dir.name}: no trial folder yet\n"
+    df["role"] = df["role"].fillna("not yet recorded")  # roles are written when stage 1 settles
+    done = df[df[schema.STATE] == schema.COMPLETE]
+    lines = [f"# {sweep_dir.name}: where it stands", "",
+             f"{done['trial_identity'].nunique()} trials with at least one finished budget, "
+             f"{len(done)} of {len(df)} (trial, budget) rows finished.", ""]
+    for role in ("tune", "confirm", "not yet recorded"):
+        rows = done[done["role"] == role]
+        if rows.empty:
+            continue
+        grid = rows.pivot_table(index=["param.arm", "lr"], columns=schema.BUDGET_TOKENS, values=metric, aggfunc="mean")
+        seeds = ", ".join(str(int(s)) for s in sorted(rows["param.seed"].unique()))
+        body = [[str(arm), f"{lr:g}", *[fmt(v) for v in vals]] for (arm, lr), vals in zip(grid.index, grid.to_numpy())]
+        lines += [f"## {role} (seed mean over {seeds}): final validation loss per budget [tokens]", "",
+                  table(["arm", "lr", *[f"{int(c):,}" for c in grid.columns]], body), ""]
+    record = sweep_dir / "protocol.json"
+    if record.exists():
+        for c in json.loads(record.read_text()).get("choices", []):
+            picks = ", ".join(f"{x['budget_tokens']:,}: {x['chosen']['optim.lr']:g}" for x in c.get("chosen_by_budget") or [])
+            lines.append(f"- {c['setting']}: chose {picks or c.get('chosen')}")
+        out = from_sweep(sweep_dir, df, metric=metric)
+        if out is not None:
+            lines += ["", f"Decision so far: {out['decision']}"]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(description="Where a per-budget crossover sweep stands (markdown to stdout).")
+    ap.add_argument("--sweep", type=Path, required=True, help="the sweep folder (read while it runs, too)")
+    args = ap.parse_args(argv)
+    if not (args.sweep / "trials").is_dir():
+        print(f"error: --sweep={str(args.sweep)!r} is invalid: no trials/ folder there (run the sweep first)", file=sys.stderr)
+        return 2
+    print(status(args.sweep), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -131,6 +131,13 @@ def test_a_per_budget_sweep_chooses_from_the_branches_and_confirms_each_choice(t
         assert g["gap"] == pytest.approx(rec - base)
     assert summary["decision"].startswith("no crossover estimate")  # 2 budgets: no line
     assert "Where the gap crosses" in (out / "index.html").read_text()
+    # Where it stands, from the trial folders (what `python -m experiments.token_crossover --sweep` prints).
+    from experiments.token_crossover import status
+
+    text = status(sweep_dir)
+    assert "## tune (seed mean over 100)" in text and "## confirm (seed mean over 1, 2)" in text
+    assert text.count("chose 512: ") == 2 and "Decision so far: no crossover estimate" in text
+
     # The summary names the code, packages and machine that built it, and the table it read.
     import hashlib
 
