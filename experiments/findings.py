@@ -83,6 +83,37 @@ def best_settings(df: pd.DataFrame, metric: str) -> list[Best]:
     return out
 
 
+# The standard init the paper compares against: what "the verdict against the baseline" means
+# on a sweep of γ and ε (the main job's grid).
+STANDARD = {"gamma": 0.5, "eps": 1e-5}
+
+
+def standard_sentence(df: pd.DataFrame, best: list[Best], metric: str) -> str | None:
+    """Per size whose best variant is not the standard init (γ 0.5, ε 1e-5) but which ran it:
+    the best against the standard, paired by seed with its 95% interval, and what that says."""
+    out = []
+    for b in best:
+        g = df[df["size"] == b.size]
+        mask = np.isclose(g["gamma"].astype(float), STANDARD["gamma"])
+        if "eps" in g:
+            mask &= np.isclose(g["eps"].astype(float), STANDARD["eps"], rtol=1e-3)
+        if "gate" in g and g["gate"].notna().any():
+            mask &= g["gate"].fillna("none") == "none"
+        standard = g[mask]
+        if standard.empty or standard["variant"].nunique() != 1:
+            continue
+        best_rows = g[g["variant"].map(lambda v: v.split(" | ")[0].replace("=", " = ") == b.variant or v == b.variant)]
+        if standard["variant"].iloc[0] in set(best_rows["variant"]):
+            out.append(f"at {b.size} the standard init (γ = 0.5, ε = 1e-5) is itself the best")
+            continue
+        c = compare(standard, best_rows, metric)
+        null = f": inconclusive, a difference beyond {max(abs(c.lo), abs(c.hi)):.4f} nats excluded" \
+            if c.status == WITHIN and c.n >= 2 else ""
+        out.append(f"at {b.size}, {b.variant} against the standard init (γ = 0.5, ε = 1e-5): {margin_text(c)} the "
+                   f"standard{null}")
+    return ("Against the baseline: " + "; ".join(out) + ".") if out else None
+
+
 def best_gamma_sentence(best: pd.DataFrame) -> str | None:
     """Where the sweep has several arms that vary γ: which γ was lowest in how many of them."""
     swept = best[best["gammas"].map(len) > 1]
@@ -245,5 +276,6 @@ def lead(sweep: Sweep, df: pd.DataFrame, best_gamma: pd.DataFrame, claims: list[
     else:
         first = f"Lowest {what} per size: " + "; ".join(f"{b.size}: {b.sentence()}" for b in best) + "."
     not_run, command = not_run_sentence(sweep, df, claims)
-    sentences = [s for s in (first, best_gamma_sentence(best_gamma), not_run, claims_sentence(claims)) if s]
+    sentences = [s for s in (first, standard_sentence(df, best, metric), best_gamma_sentence(best_gamma), not_run,
+                             claims_sentence(claims)) if s]
     return sentences, dict(sentences=sentences, best=[b.as_dict() for b in best], command=command)

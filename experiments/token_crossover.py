@@ -28,6 +28,7 @@ import pandas as pd
 from scipy import stats
 
 from core import results_schema as schema
+from core.trial_dir import TrialDir
 
 from .md_table import fmt, table
 from .paired import holm, signflip_p, t_interval, t_pvalues
@@ -259,19 +260,15 @@ def tune_table(df: pd.DataFrame, metric: str) -> pd.DataFrame:
 def status(sweep_dir: Path, metric: str = schema.FINAL_VAL_LOSS) -> str:
     """Where a per_budget sweep stands, as markdown: every finished branch's loss per (stage,
     arm, lr, budget), the choices made so far, and the line once confirm seeds are in."""
-    from sweeper.results import build_table  # the trial folders as they are now, mid-sweep too
-
     sweep_dir = Path(sweep_dir)
-    df = build_table(sweep_dir)
+    df = branch_rows(sweep_dir)
     if df.empty:
-        return f"# {sweep_dir.name}: no trial folder yet\n"
-    df["role"] = df["role"].fillna("not yet recorded")  # roles are written when stage 1 settles
-    done = df[df[schema.STATE] == schema.COMPLETE]
+        return f"# {sweep_dir.name}: no finished branch yet\n"
     lines = [f"# {sweep_dir.name}: where it stands", "",
-             f"{done['trial_identity'].nunique()} trials with at least one finished budget, "
-             f"{len(done)} of {len(df)} (trial, budget) rows finished.", ""]
+             f"{df['trial_identity'].nunique()} trials with at least one finished budget, {len(df)} finished "
+             "(trial, budget) branches.", ""]
     for role in ("tune", "confirm", "not yet recorded"):
-        rows = done[done["role"] == role]
+        rows = df[df["role"] == role]
         if rows.empty:
             continue
         grid = rows.pivot_table(index=["param.arm", "lr"], columns=schema.BUDGET_TOKENS, values=metric, aggfunc="mean")
@@ -284,10 +281,32 @@ def status(sweep_dir: Path, metric: str = schema.FINAL_VAL_LOSS) -> str:
         for c in json.loads(record.read_text()).get("choices", []):
             picks = ", ".join(f"{x['budget_tokens']:,}: {x['chosen']['optim.lr']:g}" for x in c.get("chosen_by_budget") or [])
             lines.append(f"- {c['setting']}: chose {picks or c.get('chosen')}")
-        out = from_sweep(sweep_dir, df, metric=metric)
+        out = from_sweep(sweep_dir, df.assign(**{schema.STATE: schema.COMPLETE}), metric=metric)
         if out is not None:
             lines += ["", f"Decision so far: {out['decision']}"]
     return "\n".join(lines) + "\n"
+
+
+def branch_rows(sweep_dir: Path, metric: str = schema.FINAL_VAL_LOSS) -> pd.DataFrame:
+    """Every branch evaluated so far, from the trial folders (mid-sweep too, before results.parquet
+    exists): its trial's params, the budget and the loss; a branch file that is damaged or
+    another trial's is left out. Roles come from protocol.json once stage 1 has settled."""
+    record_path = Path(sweep_dir) / "protocol.json"
+    record = json.loads(record_path.read_text()) if record_path.exists() else {}
+    rows = []
+    for folder in TrialDir.all_in_sweep(sweep_dir):
+        params = folder.read_sweep_plan().get("params") or {}
+        seed = params.get(record.get("seed_key", "seed"))
+        role = "tune" if seed in record.get("tune_seeds", []) else "confirm" if seed in record.get("confirm_seeds", []) \
+            else "not yet recorded"
+        for tokens in folder.planned_budgets():
+            branch = folder.read_budget_result(tokens, damaged_ok=True)
+            if branch is None or folder.damaged_budget(tokens) is not None:
+                continue
+            rows.append({"trial_identity": folder.identity, "role": role, "param.arm": params.get("arm"),
+                         "param.seed": seed, "lr": params.get("optim.lr"), schema.BUDGET_TOKENS: tokens,
+                         metric: branch.get(metric)})
+    return pd.DataFrame(rows)
 
 
 def main(argv: list[str] | None = None) -> int:
