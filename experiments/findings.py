@@ -102,7 +102,8 @@ def standard_sentence(df: pd.DataFrame, best: list[Best], metric: str) -> str | 
         standard = g[mask]
         if standard.empty or standard["variant"].nunique() != 1:
             continue
-        best_rows = g[g["variant"].map(lambda v: v.split(" | ")[0].replace("=", " = ") == b.variant or v == b.variant)]
+        labels = {v: v.split(" | ")[0].replace("=", " = ") for v in g["variant"].unique()}  # best_settings' short labels
+        best_rows = g[[v == b.variant or labels[v] == b.variant for v in g["variant"]]]
         if standard["variant"].iloc[0] in set(best_rows["variant"]):
             out.append(f"at {b.size} the standard init (γ = 0.5, ε = 1e-5) is itself the best")
             continue
