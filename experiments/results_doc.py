@@ -214,10 +214,20 @@ def record_texts(folder: Path, reading: bool = True) -> tuple[str | None, str | 
     return text("reading.md") if reading else None, text("command.txt"), text("checks.md")
 
 
+MIN_CONFIRM = 4  # confirm seed pairs a comparison needs under the protocol (docs/sweeps.md)
+
+
 def protocol_lines(s: dict) -> list[str]:
     """The per-lr protocol's evidence: the lr each cell was compared at, whether rankings held
     over the last quarter of training, how far each variant got below the unigram entropy, the width trend."""
-    out = [f"**Learning rates.** {s['tuning']['description']}", ""]
+    out = []
+    pairs = sorted({int(c["pairs"]) for c in (s.get("budget") or {}).get("comparisons", []) if c.get("pairs") is not None})
+    if pairs:
+        n = f"{pairs[0]}" if len(pairs) == 1 else f"{pairs[0]} to {pairs[-1]}"
+        short = (f" The protocol asks for at least {MIN_CONFIRM}: with {pairs[0]}, a two-sided sign-flip p cannot go "
+                 f"below {2 / 2 ** pairs[0]:.3g}, and a t-interval spans wide." if pairs[0] < MIN_CONFIRM else "")
+        out += [f"**Confirm seeds.** {n} paired confirm seed(s) per loss comparison.{short}", ""]
+    out += [f"**Learning rates.** {s['tuning']['description']}", ""]
     if s["tuning"]["chosen"]:
         axis = s["tuning"]["axes"][0]
         rows = [[c["size"], _arm(c["setting"]), f"{c['gamma']:g}", f"{c[axis]:g}",
