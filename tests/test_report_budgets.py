@@ -178,7 +178,8 @@ def test_a_budgets_sweep_under_select_then_confirm_reports_the_fit_and_a_rerun_c
     rec = confirm[confirm["gamma"] == 1.0].groupby(["d_model", "budget_tokens"])["final_val_loss"].mean()
     for cell in es["cells"]:
         assert cell["loss"] == pytest.approx(rec[(cell["d_model"], cell["budget_tokens"])], abs=1e-9)
-        assert cell["n_eff_ratio"] is None or cell["n_eff_ratio"] > 0
+    ratios = [c["n_eff_ratio"] for c in es["cells"]]  # None where the fit leaves it unbounded
+    assert any(r is not None for r in ratios) and all(r > 0 for r in ratios if r is not None)
     assert s["crossover"]["seeds"] == ["1/1", "2/2"] and len(s["crossover"]["budget_star"]) == 2
     claims = {c["claim"]: c for c in s["claims"]}
     eff = claims["Small init is worth a larger effective model size"]
