@@ -174,6 +174,11 @@ class TrialDir:
     def failed(self) -> bool:
         return self.failure_json.exists()
 
+    @property
+    def has_checkpoint(self) -> bool:
+        """A state to resume from: checkpoint.pt, checkpoint.dcp/, or the whole one a swap cut short kept."""
+        return any(p.exists() for p in (self.checkpoint, self.checkpoint_dcp, self.checkpoint_dcp_old))
+
     def drop_checkpoint(self) -> None:
         """Only after result.json is written: a kill in between still resumes."""
         self.checkpoint.unlink(missing_ok=True)

@@ -54,8 +54,18 @@ class SweepPlan:
         return bool(self.pending or self.n_new)
 
     def summary(self) -> str:
-        return (f"sweep {self.study.study.study_name}: {self.space.mode}, {self.total} trials ({self.skipped} already done), "
-                f"folder {self.sweep_dir}, study {redacted(self.storage_url)}")
+        """`sweep x: grid, 8 trials (3 already done); to run: 2 resume from a checkpoint, 3 new; folder ...`:
+        finished trials are skipped, interrupted ones go on from their checkpoints, the rest start at step 0."""
+        return (f"sweep {self.study.study.study_name}: {self.space.mode}, {self.total} trials ({self.skipped} already done); "
+                f"{to_run(self.pending, self.n_new)}; folder {self.sweep_dir}, study {redacted(self.storage_url)}")
+
+
+def to_run(pending: list[Pending], n_new: int) -> str:
+    """What is left, by how it starts: from a checkpoint its folder holds, or new (from step 0)."""
+    if not pending and not n_new:
+        return "nothing to run"
+    resume = sum(TrialDir(p.spec.out_dir).has_checkpoint for p in pending)
+    return f"to run: {resume} resume from a checkpoint, {len(pending) - resume + n_new} new"
 
 
 def plan_sweep(conf: SmallinitSweeperConf, composer: Composer, grid_specs: list[TrialSpec],

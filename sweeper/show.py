@@ -3,7 +3,8 @@
 Hydra's `--cfg job` prints the config as composed, where the model's shape fields are null
 (the preset fills them when the trial is built) and the launcher reads BasicLauncher although
 sweeps run on Ray. This prints the trial as it will train: the preset's shape filled in, the
-data and budget resolved, its identity, and how it would run.
+data and budget resolved, its identity, how it would run, and how long it would take here
+(sweeper/estimate.py: the first trial's model timed for a few seconds on this CPU).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from trainer.data_check import check_trial, describe, passes
 from trainer.data_config import CorpusData
 from trainer.schedule import budget_branches
 
-from . import protocol
+from . import estimate, protocol
 from .config import ProtocolConf
 from .points import PointComposer
 from .resources import trial_workers
@@ -66,24 +67,46 @@ def _show(argv: list[str], conf_dir: Path, child: subprocess.Popen) -> Iterator[
         loader = GlobalHydra.instance().config_loader()
         composer = PointComposer(lambda overrides: compose("config", overrides=overrides, return_hydra_config=True),
                                  lambda path: loader.repository.group_exists(path))
-        trials, runs_on = [], []
+        trials, runs_on, threads = [], [], []
         for point in points:
             cfg = composer.job(space.overrides_for(point))
             trial = trial_config_from_dict(cfg)
             trials.append(trial)
             ray_cfg = cfg.get("ray") or {}
             runs_on.append((trial_workers(trial, ray_cfg), float(ray_cfg.get("gpus_per_trial") or 0) > 0))
+            # A sweep's trial runs on ray.cpus_per_trial threads; one run here, on train.threads.
+            threads.append(int(ray_cfg.get("cpus_per_trial") or 1) if multirun else trial.train.threads)
             if len(trials) == 1:
                 yield from _first(trial, multirun, space, len(points))
             if multirun:
                 yield f"#   {trial.identity()}  " + " ".join(f"{k}={v}" for k, v in point.items())
-    yield from _memory(trials, runs_on, child)
+    why = estimate.not_measured(trials[0], *runs_on[0])
+    lines, rate = _torch_answers(trials, runs_on, child, None if why else (trials[0], threads[0]))
+    yield from lines
+    timing = f"# estimated time: not measured ({why or rate})" if why or isinstance(rate, str) else None
     if not multirun:
+        yield timing or estimate.line(rate, [_seconds(rate, trials[0])], None, None)
         yield "# runs here, in this process (python sweep.py ...)"
         return
     if pconf.enabled:
         yield from protocol.describe_plan(pconf, space_given)
-    yield _cost(trials, "stage 1 (its first round)" if pconf.enabled else "the sweep")
+    what = "stage 1 (its first round)" if pconf.enabled else "the sweep"
+    yield _cost(trials, what)
+    if timing:
+        yield timing
+        return
+    sweeper = base.hydra.sweeper
+    seconds = [_seconds(rate, t) for t in trials]
+    if space.mode != "grid":  # a search: n_trials like its first
+        seconds, what = seconds * int(sweeper.n_trials), f"the search's {sweeper.n_trials} trials"
+    elif not pconf.enabled:
+        what = "the grid"
+    k = estimate.at_a_time(ray_cfg, sweeper.get("max_concurrent"), max(n for n, _ in runs_on), len(seconds))
+    yield estimate.line(rate, seconds, k, what)
+
+
+def _seconds(rate: estimate.Rate, trial: TrialConfig) -> float:
+    return rate.seconds(trial, trained_steps(trial.train) * trial.train.tokens_per_step)
 
 
 def _first(trial: TrialConfig, multirun: bool, space, n: int) -> list[str]:
@@ -135,6 +158,14 @@ def _memory(trials: list[TrialConfig], runs_on: list[tuple[int, bool]],
     (trainer/memory.py), and where a trial fits no large device, how many FSDP workers would
     fit it on an 80 GB one. runs_on: each trial's (workers, whether it asks for GPUs). child:
     a process from _torch_side to work them out in (default: here)."""
+    return _torch_answers(trials, runs_on, child)[0]
+
+
+def _torch_answers(trials: list[TrialConfig], runs_on: list[tuple[int, bool]], child: subprocess.Popen | None = None,
+                   measure: tuple[TrialConfig, int | None] | None = None) -> tuple[list[str], estimate.Rate | str | None]:
+    """_memory's lines and, for measure=(trial, threads), its measured rate (estimate.measure;
+    a string says why there is none). Both from the child when it answers; else the lines are
+    made here, where a failure shows, and the rate is left out (it would import torch here)."""
     from trainer.memory import shape_key  # torch-free: torch is imported where the lines are made
 
     seen: dict[str, list] = {}
@@ -144,16 +175,17 @@ def _memory(trials: list[TrialConfig], runs_on: list[tuple[int, bool]],
     groups = [(*group[0], len(group)) for group in seen.values()]
     if child is not None:
         try:
-            out, _ = child.communicate(pickle.dumps(groups), timeout=CHILD_TIMEOUT_S)
+            out, _ = child.communicate(pickle.dumps((groups, measure)), timeout=CHILD_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             child.kill()
             out, _ = child.communicate()
         if child.returncode == 0:
-            kind, value = pickle.loads(out)
+            kind, value, rate = pickle.loads(out)
             if kind == "error":
                 raise value
-            return value
-    return memory_lines(groups)  # no child, or it failed: here, where a failure shows its traceback
+            return value, rate
+    # No child, or it failed: here, where a failure shows its traceback.
+    return memory_lines(groups), (None if measure is None else "the process timing it failed")
 
 
 def memory_lines(groups: list[tuple[TrialConfig, int, bool, int]]) -> list[str]:
@@ -175,10 +207,10 @@ def memory_lines(groups: list[tuple[TrialConfig, int, bool, int]]) -> list[str]:
 
 
 def _torch_side() -> subprocess.Popen:
-    """A child process that imports what memory_lines needs at once, then reads the groups
-    (pickled) on stdin and writes ("lines", [...]) or ("error", ConfigError) on stdout; on any
-    other failure it exits non-zero and the parent makes the lines itself, where the failure
-    shows (so the child's stderr is not shown twice)."""
+    """A child process that imports what memory_lines needs at once, then reads the groups and
+    what to time (pickled) on stdin and writes ("lines", [...], rate) or ("error", ConfigError,
+    None) on stdout; on any other failure it exits non-zero and the parent makes the lines
+    itself, where the failure shows (so the child's stderr is not shown twice)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     return subprocess.Popen([sys.executable, "-c", "from sweeper.show import _child; _child()"],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
@@ -194,11 +226,19 @@ def _child() -> None:
     answer, sys.stdout = sys.stdout.buffer, sys.stderr  # stdout carries the answer alone
     saved_activation_bytes(ModelConfig(d_model=32, n_layers=1, n_heads=1, n_kv_heads=1, d_ff=32, vocab_size=32,
                                        max_seq_len=8), 1, 8, "fp32")
-    groups = pickle.loads(sys.stdin.buffer.read())
+    groups, measure = pickle.loads(sys.stdin.buffer.read())
     try:
-        result = ("lines", memory_lines(groups))
+        result = ("lines", memory_lines(groups), None)
     except ConfigError as e:  # the parent raises it as its own one-line error
-        result = ("error", e)
+        answer.write(pickle.dumps(("error", e, None)))
+        return
+    if measure is not None:  # after the lines: the timing has the CPUs to itself
+        try:
+            result = (*result[:2], estimate.measure(*measure))
+        except Exception as e:  # noqa: BLE001 - no estimate is a line, not a failed --show
+            from core.errors import first_line
+
+            result = (*result[:2], f"timing it failed: {type(e).__name__}: {first_line(e)}")
     answer.write(pickle.dumps(result))
 
 

@@ -15,7 +15,7 @@ from optuna.trial import TrialState
 from core.trial_dir import TrialDir
 from sweeper.config import SmallinitSweeperConf
 from sweeper.failures import PERMANENT, TRANSIENT, WORKER_CRASHED
-from sweeper.plan import _left_to_run
+from sweeper.plan import _left_to_run, to_run
 from sweeper.space import parse_sweep
 from sweeper.study import Study, default_storage_url, open_storage
 
@@ -81,6 +81,22 @@ def test_a_grid_rerun_skips_ended_points_and_resumes_the_running_one(sweep):
     assert _pending(pending) == [("g1.0", left.number), ("g1.25", None)]
     assert (n_new, skipped, total) == (0, 2, 4)
     assert sweep.points.written == ["g1.0", "g1.25"]  # an ended point's folder is not rewritten
+
+
+def test_the_plan_line_says_what_resumes_from_a_checkpoint_and_what_is_new(sweep):
+    _trial(sweep, 0.5, TrialState.COMPLETE, 6.0)
+    _trial(sweep, 0.75)  # a killed driver's: its folder holds a checkpoint
+    _trial(sweep, 1.0)  # killed before its first checkpoint: it starts from step 0
+    folder = TrialDir.in_sweep(sweep.dir, "g0.75")
+    folder.path.mkdir(parents=True)
+    folder.checkpoint.write_bytes(b"state")
+    sharded = TrialDir.in_sweep(sweep.dir, "g1.25")  # a several-worker trial's checkpoint
+    sharded.checkpoint_dcp.mkdir(parents=True)
+    pending, n_new, skipped, total = _plan(sweep, GRID)
+    assert (skipped, total) == (1, 4)
+    assert to_run(pending, n_new) == "to run: 2 resume from a checkpoint, 1 new"
+    assert to_run(pending[:0], 3) == "to run: 0 resume from a checkpoint, 3 new"  # a search's new samples
+    assert to_run([], 0) == "nothing to run"
 
 
 def test_a_grid_point_whose_folder_holds_a_result_is_skipped_whatever_the_study_says(sweep):

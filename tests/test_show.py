@@ -1,12 +1,16 @@
-"""`sweep.py --show`: the steps a trial with several budgets really trains, the plan's cost, and
-train.budgets_per_param (budgets that differ by model size within one sweep)."""
+"""`sweep.py --show`: the steps a trial with several budgets really trains, the plan's cost, the
+time it would take here (sweeper/estimate.py), and train.budgets_per_param (budgets that differ
+by model size within one sweep)."""
 
 from __future__ import annotations
+
+import re
 
 import numpy as np
 import pytest
 
 from core.errors import ConfigError
+from sweeper import estimate
 from sweeper.show import _memory, _torch_side, trained_steps
 
 from .conftest import run_cli
@@ -117,5 +121,53 @@ def test_show_leaves_torch_to_the_child(tmp_path):
                           f"hydra.sweep.dir={tmp_path}"], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "# each trial: memory per device (1 worker, " in out.stdout and out.stdout.count("\n#   ") == 3
+    # Timed on this CPU in the child: one line of the time per trial and for the grid; nothing written.
+    assert re.search(r"^# estimated time: ~[0-9.]+ min per trial on this machine \(measured [0-9,]+ tokens/s, "
+                     r"(bf16|fp32), 1 thread\), ~[0-9.]+ (min|h) for the grid at [123] at a time$", out.stdout, re.M), out.stdout
+    assert list(tmp_path.iterdir()) == []
     imported = [line.rsplit("|", 1)[-1].strip() for line in out.stderr.splitlines() if line.startswith("import time:")]
     assert "hydra" in imported and "torch" not in imported
+
+
+def test_the_time_estimate_counts_training_and_evaluation_tokens_scaled_by_flops(trial_config):
+    from trainer.config import flops_per_token
+
+    trial = trial_config()  # TINY: 8 steps of 128 tokens, evaluated at 0, 4 and 8 on 512 tokens
+    assert estimate.eval_tokens(trial) == 3 * 512 + 256
+    with_budgets = trial_config(WSD, "train.budgets=[640,1024]")  # one more evaluation: the 640 branch's end
+    assert estimate.eval_tokens(with_budgets) == 4 * 512 + 256
+    rate = estimate.Rate(1000.0, 3000.0, flops_per_token(trial), 1, "fp32")
+    assert rate.seconds(trial, 1024) == pytest.approx(1024 / 1000 + 1792 / 3000)
+    wide = trial_config("model=micro")
+    ratio = flops_per_token(wide) / flops_per_token(trial)
+    assert ratio > 1.5 and rate.seconds(wide, 1024) == pytest.approx(ratio * rate.seconds(trial, 1024))
+    assert estimate.makespan([60.0] * 8, 2) == 240 and estimate.makespan([30.0, 90.0, 60.0], 2) == 90
+    line = estimate.line(rate, [300.0] * 8, 2, "the grid")
+    assert line == ("# estimated time: ~5.0 min per trial on this machine (measured 1,000 tokens/s, fp32, 1 thread), "
+                    "~20 min for the grid at 2 at a time")
+    assert estimate.line(rate, [300.0] * 1000, 2, "the grid").endswith(", ~42 h for the grid at 2 at a time")
+    assert estimate.line(rate, [60.0, 120.0], None, "the grid").endswith(
+        "~1.0 min to 2.0 min per trial on this machine (measured 1,000 tokens/s, fp32, 1 thread), ~3.0 min for the grid "
+        "one at a time (ray.address: the cluster sets how many at once)")
+
+
+def test_trials_run_at_once_and_what_is_not_timed_here(trial_config):
+    assert estimate.at_a_time({"num_cpus": 4}, None, 1, 8) == 4
+    assert estimate.at_a_time({"num_cpus": 4, "cpus_per_trial": 2}, None, 1, 8) == 2
+    assert estimate.at_a_time({"num_cpus": 4}, 1, 1, 8) == 1 and estimate.at_a_time({"num_cpus": 4}, None, 1, 3) == 3
+    assert estimate.at_a_time({"num_cpus": 4}, None, 4, 8) == 1  # 4 workers of one CPU each
+    assert estimate.at_a_time({"address": "auto"}, None, 1, 8) is None
+    trial = trial_config()
+    assert estimate.not_measured(trial, 1, False) is None
+    assert "GPU" in estimate.not_measured(trial, 1, True) and "2 workers" in estimate.not_measured(trial, 2, False)
+    assert "too large" in estimate.not_measured(trial_config("model=1.5b"), 1, False)
+
+
+def test_the_timing_is_short_and_real(trial_config):
+    import time
+
+    start = time.perf_counter()
+    rate = estimate.measure(trial_config(), threads=1, budget_s=0.3)
+    assert time.perf_counter() - start < 30  # a warm-up step, 2 timed of each kind, then 0.3 s
+    assert rate.train_tokens_per_s > 0 and rate.eval_tokens_per_s > rate.train_tokens_per_s / 10
+    assert rate.threads == 1 and rate.dtype in ("fp32", "bf16")

@@ -1,0 +1,106 @@
+"""The sweep's progress lines (sweeper/progress.py): done, running and failed of the total, and
+an ETA from the measured times of this run's trials, each time a trial ends and every
+HEARTBEAT_S seconds while none does. Driven by Tune's callbacks on stand-in trials and a clock
+the test moves, then seen in a real two-trial sweep with its plan line."""
+
+from __future__ import annotations
+
+import io
+import re
+from types import SimpleNamespace
+
+import pytest
+from rich.console import Console
+
+from sweeper import progress
+from sweeper.progress import ProgressTable, Tally
+
+from .conftest import sweep
+
+
+class Clock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_eta_follows_the_measured_trial_times_and_how_many_run_at_once():
+    clock = Clock()
+    tally = Tally(total=8, skipped=1, clock=clock)  # 1 done before: 7 to run, 2 at a time
+    tally.start("a")
+    tally.start("b")
+    assert tally.line() == "progress: 1/8 done, 2 running, 0 failed; ETA once a trial ends (0 s in)"
+    clock.now += 120
+    assert tally.end("a", failed=False)
+    assert not tally.end("a", failed=False)  # an end is counted once
+    # b has run 2 min of a 2 min mean: it ends now; 5 wait, 2 at a time: 3 rounds of 2 min.
+    assert tally.eta_s() == pytest.approx(360)
+    assert tally.line() == "progress: 2/8 done, 1 running, 0 failed; ETA 6 min (mean trial 2.0 min, 2 at a time)"
+    tally.start("c")
+    clock.now += 60
+    tally.end("b", failed=True)  # a failure's time is not a trial's time
+    assert tally.durations == [120]
+    # c has 1 min left; 4 wait: c's slot takes 2 of them (1 + 2 + 2 min), the free one 2 (4 min).
+    assert tally.eta_s() == pytest.approx(300)
+    assert tally.line().startswith("progress: 2/8 done, 1 running, 1 failed; ETA 5 min (mean trial 2.0 min, 2 at a time)")
+
+
+def test_the_last_line_has_no_eta_and_times_read_in_seconds_minutes_or_hours():
+    clock = Clock()
+    tally = Tally(total=1, clock=clock)
+    tally.start("a")
+    clock.now += 30
+    tally.end("a", failed=False)
+    assert tally.line() == "progress: 1/1 done, 0 running, 0 failed"
+    assert [progress._minutes(s, 1) for s in (40, 114, 1200, 3 * 3600)] == ["40 s", "1.9 min", "20 min", "3.0 h"]
+
+
+def _trial(trial_id: str, number: int, failed: bool = False):
+    spec = SimpleNamespace(params={"init.gamma": number / 2}, trial=SimpleNamespace(train=SimpleNamespace(total_steps=8)))
+    return SimpleNamespace(trial_id=trial_id, config={"spec": spec, "number": number},
+                           last_result={"failed": failed, "done_training": not failed, "val_loss": 5.0, "step": 8})
+
+
+def test_a_line_each_time_a_trial_ends_and_every_minute_while_none_does():
+    table = ProgressTable(["init.gamma"], total=3)
+    clock = Clock()
+    table.tally = Tally(3, clock=clock)
+    table.console = Console(file=io.StringIO(), width=300)  # not a terminal: lines, not a live table
+    a, b, c = _trial("a", 0), _trial("b", 1), _trial("c", 2, failed=True)
+    for t in (a, b):
+        table.on_trial_start(0, [], t)
+    clock.now += 59
+    table.on_step_end(0, [])  # under a minute since the start: silent
+    clock.now += 1
+    table.on_step_end(0, [])
+    clock.now += 30
+    table.on_trial_complete(0, [], a)
+    table.on_trial_start(0, [], c)
+    clock.now += 60
+    table.on_step_end(0, [])
+    table.on_trial_complete(0, [], b)
+    table.on_trial_complete(0, [], c)
+    lines = [line for line in table.console.file.getvalue().splitlines() if line.startswith("progress:")]
+    assert lines == [
+        "progress: 0/3 done, 2 running, 0 failed; ETA once a trial ends (60 s in)",
+        "progress: 1/3 done, 1 running, 0 failed; ETA 2 min (mean trial 1.5 min, 2 at a time)",  # b, then c
+        "progress: 1/3 done, 2 running, 0 failed; ETA 30 s (mean trial 1.5 min, 2 at a time)",  # the heartbeat
+        "progress: 2/3 done, 1 running, 0 failed; ETA 60 s (mean trial 2.0 min, 2 at a time)",
+        "progress: 2/3 done, 0 running, 1 failed",
+    ]
+
+
+def test_a_real_sweep_says_what_it_will_run_and_how_far_it_got(tmp_path, data_cache):
+    proc = sweep(tmp_path, data_cache, "init.gamma=0.5,1.0", "wandb.mode=disabled", "name=prog")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "sweep prog: grid, 2 trials (0 already done); to run: 0 resume from a checkpoint, 2 new; folder " in proc.stdout
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("progress:")]
+    assert lines[-1] == "progress: 2/2 done, 0 running, 0 failed", proc.stdout
+    # The first end (a heartbeat may come before it on a slow machine), with the ETA it measured.
+    first = next(line for line in lines if line.startswith("progress: 1/2"))
+    assert re.fullmatch(r"progress: 1/2 done, 1 running, 0 failed; ETA [0-9.]+ (s|min) "
+                        r"\(mean trial [0-9.]+ (s|min), [12] at a time\)", first), first
+    again = sweep(tmp_path, data_cache, "init.gamma=0.5,1.0", "wandb.mode=disabled", "name=prog")
+    assert again.returncode == 0 and "2 trials (2 already done); nothing to run; folder " in again.stdout
