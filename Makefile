@@ -24,8 +24,10 @@ SWEEP_GRID ?= init.gamma=0.5,0.75,1.0,1.25 norm.eps=1e-5,1e-12
 
 .PHONY: help install lock sweep run test test-slow test-full report experiments bench lint dashboard clean
 
+# The descriptions below name variables ($(TORCH_SPEC), $(EXTRAS)): help shows their values.
 help: ## Show this help
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -e 's|\$$(TORCH_SPEC)|$(TORCH_SPEC)|g' -e 's|\$$(EXTRAS)|$(EXTRAS)|g' \
+	  | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
 
 install: $(STAMP) ## Create ./.venv with torch ($(TORCH_SPEC)) and smallinit[$(EXTRAS)]
 
@@ -54,7 +56,7 @@ test-slow: install ## Run only the tests marked slow (CI runs them after `make t
 test-full: install ## Run every test, slow ones included
 	$(PY) -m pytest $(ARGS)
 
-report: install ## Build the HTML report of the newest sweep (or SWEEP=dir[,dir...])
+report: install ## Build the HTML report of sweeps/smallinit (`make sweep`'s; else the newest sweep), or SWEEP=dir[,dir...]
 	$(PY) -m experiments.report $(if $(SWEEP),--sweep $(SWEEP),) $(ARGS)
 
 # The CPU forms of the paper's studies (conf/experiment/), each with the command(s) its record names

@@ -65,7 +65,7 @@ def cli() -> None:
 
     conf = Path(__file__).resolve().parent / "conf"
     try:
-        precheck([a for a in sys.argv[1:] if a != "--show"], conf)
+        precheck([a for a in sys.argv[1:] if a != "--show"], conf, show="--show" in sys.argv[1:])
         if "--show" in sys.argv[1:]:
             from sweeper.show import show
 

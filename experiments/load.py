@@ -68,6 +68,11 @@ class Sweep:
         return "+".join(d.name for d in self.dirs)
 
 
+# The main job's sweep: `make sweep` runs sweep.py's default name (sweeper/schema.py's
+# SmallinitConf.name), so it writes sweeps/smallinit/ (tests/test_report.py holds the two equal).
+MAIN_SWEEP = "smallinit"
+
+
 def newest_sweep(root: Path = Path("sweeps")) -> Path:
     candidates = [p.parent for p in Path(root).glob(f"*/{schema.RESULTS_FILE}")]
     if not candidates:
@@ -75,10 +80,20 @@ def newest_sweep(root: Path = Path("sweeps")) -> Path:
     return max(candidates, key=lambda p: os.path.getmtime(schema.results_path(p)))
 
 
+def default_sweep(root: Path = Path("sweeps")) -> tuple[Path, str]:
+    """The sweep a report without --sweep is of, and a line saying which and why: the main
+    job's (root/smallinit, what `make sweep` writes) when it has a results table, else the newest."""
+    main = Path(root) / MAIN_SWEEP
+    if schema.results_path(main).exists():
+        return main, f"{main} (the main job's, `make sweep`; SWEEP=<folder> for another)"
+    newest = newest_sweep(root)
+    return newest, f"{newest}, the newest sweep (no {main}/results.parquet; SWEEP=<folder> for another)"
+
+
 def resolve_dirs(spec: str | None, root: Path = Path("sweeps")) -> list[Path]:
-    """`a,b` -> [Path(a), Path(b)]; a bare name also resolves under root; None -> the newest."""
+    """`a,b` -> [Path(a), Path(b)]; a bare name also resolves under root; None -> default_sweep's."""
     if not spec:
-        return [newest_sweep(root)]
+        return [default_sweep(root)[0]]
     dirs = []
     for part in (p.strip() for p in spec.split(",")):
         if not part:

@@ -28,7 +28,7 @@ from . import sections as S
 from . import sections_mechanism as M
 from .context import Context
 from .figures import Figures
-from .load import LOSS, ReportError, load_report, resolve_dirs
+from .load import LOSS, ReportError, default_sweep, load_report, resolve_dirs
 from .render import Block, to_html, to_markdown
 
 DEFAULT_WIDTHS = (64, 128, 256, 512, 1024, 2048)
@@ -112,8 +112,9 @@ def _parse_kv(spec: str | None) -> dict[str, str] | None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m experiments.report", description=__doc__.split("\n")[0])
-    p.add_argument("--sweep", help="sweep folder(s), comma-separated (default: the newest sweeps/*/results.parquet)")
-    p.add_argument("--sweeps-root", default="sweeps", help="where to look for the newest sweep")
+    p.add_argument("--sweep", help="sweep folder(s), comma-separated (default: sweeps/smallinit, `make sweep`'s, else the newest "
+                                    "sweeps/*/results.parquet)")
+    p.add_argument("--sweeps-root", default="sweeps", help="where to look for the default sweep")
     p.add_argument("--out", default="reports", help="reports are written to OUT/<sweep-name>/")
     p.add_argument("--baseline-gamma", type=float, default=0.5, help="gamma of the effective-size baseline")
     p.add_argument("--baseline", help="the baseline's other settings, e.g. 'eps=1e-5,gate=none'")
@@ -126,7 +127,13 @@ def main(argv: list[str] | None = None) -> int:
         widths = tuple(int(w) for w in a.widths.split(",") if w.strip())
         if not widths or any(w < 8 for w in widths):
             raise ReportError(f"--widths {a.widths!r}: give integers >= 8, e.g. 64,128,256")
-        out = build(resolve_dirs(a.sweep, Path(a.sweeps_root)), Path(a.out), a.baseline_gamma, _parse_kv(a.baseline),
+        if a.sweep:
+            dirs = resolve_dirs(a.sweep, Path(a.sweeps_root))
+        else:
+            folder, which = default_sweep(Path(a.sweeps_root))
+            print(f"report of {which}", file=sys.stderr)
+            dirs = [folder]
+        out = build(dirs, Path(a.out), a.baseline_gamma, _parse_kv(a.baseline),
                     a.arms, a.metric, widths=widths, n_boot=a.boot, log=lambda m: print(m, file=sys.stderr))
     except ReportError as e:
         print(f"error: {e}", file=sys.stderr)

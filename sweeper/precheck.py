@@ -5,12 +5,14 @@ Hydra reports these as multi-line messages from inside its own main. sweep.py ca
 `precheck(argv)` first: it composes the config once with every override (a sweep's first
 value standing in for the sweep) and turns Hydra's exception into one line naming the key,
 the value and what is allowed (`hydra_error`, which the sweeper uses for every grid point).
-Value checks (gamma > 0, ...) stay with the typed configs.
+Value checks (gamma > 0, ...) stay with the typed configs. A sweep given without `-m`, which
+Hydra answers with its multi-line "Ambiguous value", is one line showing the `-m` form.
 """
 
 from __future__ import annotations
 
 import re
+import shlex
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
@@ -106,8 +108,20 @@ def _refuse_new_keys(lines: list[str], conf_dir: Path) -> None:
                               "(+ adds a config group, as in +experiment=gate; set existing keys without +)")
 
 
-def precheck(argv: list[str], conf_dir: Path, config_name: str = "config") -> None:
-    """Raise ConfigError with one line if Hydra would reject these command-line overrides."""
+def _sweep_needs_m(argv: list[str], lines: list[str], parser: OverridesParser, show: bool) -> None:
+    """`init.gamma=0.5,1.0` without -m: one line with the command as it should read."""
+    if "-m" in argv or "--multirun" in argv:
+        return
+    for line in lines:
+        (override,) = parser.parse_overrides([line])
+        if override.is_sweep_override():
+            command = shlex.join(["python", "sweep.py", *(["--show"] if show else []), "-m", *argv])
+            raise ConfigError(f"{line} is a sweep: run it with -m, e.g. {command}")
+
+
+def precheck(argv: list[str], conf_dir: Path, config_name: str = "config", show: bool = False) -> None:
+    """Raise ConfigError with one line if Hydra would reject these command-line overrides
+    (argv without --show; show: it was given, for the command a sweep without -m is told)."""
     if any(a.split("=", 1)[0] in _HYDRA_FLAGS for a in argv):
         return
     lines = [a for a in argv if not a.startswith("-")]
@@ -120,3 +134,4 @@ def precheck(argv: list[str], conf_dir: Path, config_name: str = "config") -> No
     except (HydraException, ConfigKeyError) as e:
         raise ConfigError(hydra_error(e, lines)) from None
     check_name(cfg.get("name"))
+    _sweep_needs_m(argv, lines, parser, show)

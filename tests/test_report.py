@@ -291,6 +291,28 @@ def test_newest_sweep_is_the_latest_results_table(tmp_path):
         resolve_dirs(None, tmp_path / "none")
 
 
+
+def test_without_a_sweep_the_report_is_of_the_main_jobs_and_says_so(tmp_path, capsys):
+    import os
+
+    from experiments.load import MAIN_SWEEP, default_sweep
+    from sweeper.schema import SmallinitConf
+
+    assert MAIN_SWEEP == SmallinitConf().name  # `make sweep` writes sweeps/<the default name>
+    empty = pd.DataFrame({"identity": pd.Series(dtype=str), "state": pd.Series(dtype=str)})
+    for i, name in enumerate(("smallinit", "newer")):
+        (tmp_path / name).mkdir()
+        empty.to_parquet(tmp_path / name / "results.parquet")
+        os.utime(tmp_path / name / "results.parquet", (1000 + i, 1000 + i))
+    assert resolve_dirs(None, tmp_path) == [tmp_path / "smallinit"]  # though another sweep is newer
+    assert report_main(["--sweeps-root", str(tmp_path)]) == 2  # (its table has no trials)
+    err = capsys.readouterr().err
+    assert err.startswith(f"report of {tmp_path / 'smallinit'} (the main job's, `make sweep`; SWEEP=<folder> for another)\n")
+    (tmp_path / "smallinit" / "results.parquet").unlink()  # not run yet: the newest, named as such
+    folder, which = default_sweep(tmp_path)
+    assert folder == tmp_path / "newer" and which.startswith(f"{folder}, the newest sweep (no {tmp_path / 'smallinit'}/")
+
+
 # --- statistics on known answers -----------------------------------------------------------------
 
 @pytest.mark.parametrize("E,A,alpha", [(2.0, 40.0, 0.3), (3.5, 400.0, 0.5), (1.2, 8.0, 0.15)])

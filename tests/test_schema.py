@@ -14,7 +14,7 @@ from sweeper.precheck import precheck
 from trainer.config import OptimConfig, TrainConfig, TrialArgs, TrialConfig, trial_config_from_dict
 from trainer.data_config import BilingualData
 
-from .conftest import CONF, TINY, run_cli
+from .conftest import CONF, TINY, error_line, run_cli
 
 
 def test_the_default_trial_built_in_python_is_the_command_lines(compose):
@@ -58,6 +58,26 @@ def test_composition_refuses_unknown_keys_and_wrong_types_in_one_line(args, mess
     with pytest.raises(ConfigError) as e:
         precheck(args, CONF)
     assert str(e.value).startswith(message) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("args, show, command", [
+    (["init.gamma=0.5,1.0"], False, "python sweep.py -m init.gamma=0.5,1.0"),
+    (["model=nano", "train.seed=range(0,3)"], False, "python sweep.py -m model=nano 'train.seed=range(0,3)'"),
+    (["init.gamma=interval(0.25,1.5)"], True, "python sweep.py --show -m 'init.gamma=interval(0.25,1.5)'"),
+])
+def test_a_sweep_without_m_is_one_line_showing_the_m_form(args, show, command):
+    with pytest.raises(ConfigError) as e:
+        precheck(args, CONF, show=show)
+    assert str(e.value) == f"{args[-1]} is a sweep: run it with -m, e.g. {command}"
+    precheck(["-m", *args], CONF)  # the command it shows passes
+    precheck(["optim.betas=[0.9,0.95]"], CONF)  # a list value is no sweep
+
+
+def test_a_sweep_without_m_on_the_command_line_is_hydras_habit_in_one_line(tmp_path):
+    proc = run_cli(["init.gamma=0.5,1.0"], cwd=tmp_path, timeout=120)
+    assert proc.returncode == 1 and not (tmp_path / "runs").exists()
+    assert error_line(proc) == ("error: init.gamma=0.5,1.0 is a sweep: run it with -m, "
+                                "e.g. python sweep.py -m init.gamma=0.5,1.0")
 
 
 def test_a_wrong_type_in_a_conf_file_is_refused_naming_the_key(tmp_path):
