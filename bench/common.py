@@ -78,7 +78,7 @@ FULL = Settings(
     sweep_wandb_disabled=True,
     data_cold_repeats=2,
     data_warm_repeats=5,
-    make_sweep_grid=("init.gamma=0.5,0.75,1.0,1.25", "norm.eps=1e-5,1e-12"),
+    make_sweep_grid=("init.gamma=0.5,0.75,1.0,1.25", "norm.eps=1e-5,1e-12", "seed=0,1,2"),
 )
 
 # The tiny run's sweep trials, for both its short-trial sweeps and its `make sweep` point.

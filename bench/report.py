@@ -175,7 +175,7 @@ def provenance_rows(benchmarks: dict[str, dict]) -> list[list[str]]:
         m = p["machine"]
         where = f"{m['gpu']}, " if m.get("gpu") else ""
         where += f"{m.get('cpu_count')} CPUs ({m.get('cpu_model') or 'unknown model'}), torch {m.get('torch')}"
-        out.append([name, p["date"], commit, where, " ".join(p["cpu_flags"]) or "none of bench.common.CPU_FLAGS"])
+        out.append([name, p["date"], commit, where, " ".join(p["cpu_flags"]) or "none of core.provenance.CPU_FLAGS"])
     return out
 
 

@@ -17,9 +17,10 @@ import pytest
 
 from bench import BENCHMARKS
 from bench import doc as bench_doc
-from bench.common import CPU_FLAGS, TINY, median, rotate, timed_calls
+from bench.common import TINY, median, rotate, timed_calls
 from bench.report import BEFORE_PROVENANCE
 from bench.sweep_bench import _fit
+from core.provenance import CPU_FLAGS
 
 from .conftest import REPO
 
