@@ -21,6 +21,7 @@ def atomic_write(path: Path, write: Callable[[IO[bytes]], Any]) -> None:
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
+            os.fchmod(f.fileno(), _mode())  # mkstemp makes 0600; a shared sweep folder needs the umask's mode
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException as e:
@@ -28,6 +29,21 @@ def atomic_write(path: Path, write: Callable[[IO[bytes]], Any]) -> None:
         if disk_full(e):  # say which file: torch's own message names none ("unexpected pos ...")
             raise OSError(errno.ENOSPC, "No space left on device", str(path)) from e
         raise
+
+
+def _mode() -> int:
+    """0666 less the process's umask: what open() would have given a new file. Read from
+    /proc (Linux) where it can be: os.umask can only be read by setting it, which would open a
+    window where another thread's new files get no mask."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return 0o666 & ~int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return 0o666 & ~mask
 
 
 def disk_full(e: BaseException | None) -> bool:

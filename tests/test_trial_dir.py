@@ -219,3 +219,21 @@ def test_the_report_reads_what_the_sweeper_wrote(tmp_path):
     assert len(sweep.results) == 5 and sorted(sweep.complete["gamma"]) == [0.5, 1.0]
     assert sorted(sweep.complete[LOSS]) == [3.0, 3.5]
     assert all(c in schema.COLUMNS for c in (*SIZE_COLS, *SEED_COLS, LOSS))
+
+
+def test_files_written_atomically_honour_the_umask(tmp_path):
+    """A team sharing a sweep folder reads each other's results: the tool's files get the mode
+    a plain open() would give (mkstemp's own is 0600)."""
+    import os
+
+    from core.files import atomic_write_json
+
+    old = os.umask(0o022)
+    try:
+        atomic_write_json(tmp_path / "shared.json", {"a": 1})
+        os.umask(0o077)
+        atomic_write_json(tmp_path / "private.json", {"a": 1})
+    finally:
+        os.umask(old)
+    assert (tmp_path / "shared.json").stat().st_mode & 0o777 == 0o644
+    assert (tmp_path / "private.json").stat().st_mode & 0o777 == 0o600
