@@ -75,6 +75,8 @@ def _run(conf: SmallinitSweeperConf, loader, base: DictConfig, arguments: list[s
     if "name" in space.swept_keys:  # `name` is the sweep's folder and study: one of each
         raise ConfigError(f"name={','.join(space.discrete['name'].strings)} is invalid: name is the sweep's "
                           "one folder and study, never a swept axis; run one command per name")
+    if not str(base.hydra.sweep.dir or "").strip():  # Path("") is the current folder: a sweep spilled into it
+        raise ConfigError("hydra.sweep.dir='' is invalid: name the sweep's folder (the default is sweeps/<name>)")
     sweep_dir = Path(base.hydra.sweep.dir).resolve()
     if conf.protocol.enabled:
         protocol.check(conf.protocol, space, conf.asha.enabled)

@@ -113,6 +113,11 @@ def _interval(override: Override, sweep: IntervalSweep) -> BaseDistribution:
     return FloatDistribution(float(sweep.start), float(sweep.end), log=log)
 
 
+def _same_number(a: Any, b: Any) -> bool:
+    numbers = all(isinstance(x, int | float) and not isinstance(x, bool) for x in (a, b))
+    return numbers and a == b
+
+
 def _discrete(override: Override) -> Choices:
     key = override.get_key_element()
     strings = tuple(override.sweep_string_iterator())
@@ -121,6 +126,10 @@ def _discrete(override: Override) -> Choices:
         raise ConfigError(f"{override.input_line} is invalid: the sweep of {key} has no values")
     if len(set(map(repr, values))) != len(values):
         raise ConfigError(f"{override.input_line} is invalid: {key} lists a value twice")
+    for i, a in enumerate(values):  # 1 and 1.0: two strings, one number, one trial
+        twin = next((b for b in values[i + 1:] if _same_number(a, b)), None)
+        if twin is not None:
+            raise ConfigError(f"{override.input_line} is invalid: {key} lists {a!r} and {twin!r}, one value; give it once")
     return Choices(strings, values)
 
 

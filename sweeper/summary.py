@@ -67,6 +67,7 @@ def failed_before_message(n: int, results: Path) -> str:
 
 
 WANDB_MODES = ("auto", "online", "offline", "disabled")
+WANDB_NAME_FORBIDDEN = ("/", "\\", "#", "?", "%", ":")
 # wandb.init(dir=<trial folder>) (trainable.WandbReporter) keeps each run's files there, under
 # wandb/offline-run-<time>-<run id> when offline: one such folder per attempt of the trial.
 OFFLINE_RUNS = "trials/*/wandb/offline-run-*"
@@ -77,6 +78,14 @@ def check_wandb(wandb_cfg: dict[str, Any]) -> None:
     mode = wandb_cfg.get("mode", "auto")
     if mode not in WANDB_MODES:
         raise ConfigError(f"wandb.mode={mode} is invalid: must be one of {', '.join(WANDB_MODES)}")
+    for key in ("project", "entity"):  # W&B's own rule for the names, which it checks only in wandb.init
+        name = wandb_cfg.get(key)
+        if name is None and key == "entity":
+            continue
+        bad = sorted({c for c in str(name) if c in WANDB_NAME_FORBIDDEN})
+        if not str(name or "").strip() or bad or len(str(name)) > 128:
+            raise ConfigError(f"wandb.{key}={name} is invalid: must be 1-128 characters without "
+                              f"{' '.join(WANDB_NAME_FORBIDDEN)}" + (f" (found {' '.join(bad)})" if bad else ""))
 
 
 def wandb_line(wandb_cfg: dict[str, Any], sweep_dir: Path, group: str) -> str:

@@ -59,12 +59,17 @@ def test_a_train_seed_past_2_to_the_32_is_refused(trial_config):
 @pytest.mark.parametrize("arg, message", [
     ("init.gamma=0.5,1e9", "error: init.gamma=1000000000.0 is invalid: std = 384^-1e+09 = 0 underflows"),
     ("train.seed=0,99999999999999999999", "error: train.seed=99999999999999999999 is invalid: must be an integer"),
+    ("init.gamma=1,1.0", "error: init.gamma=1,1.0 is invalid: init.gamma lists 1 and 1.0, one value; give it once"),
+    ("wandb.project=../../x", "error: wandb.project=../../x is invalid: must be 1-128 characters without / \\ # ? % : (found /)"),
+    ("hydra.sweep.dir=", "error: hydra.sweep.dir='' is invalid: name the sweep's folder"),
 ])
 def test_a_degenerate_grid_point_is_refused_before_anything_is_written(tmp_path, data_cache, arg, message):
-    proc = run_cli(["-m", *TINY, arg, "name=degenerate"], cwd=tmp_path, env={"SMALLINIT_CACHE": str(data_cache)})
+    proc = run_cli(["-m", *[t for t in TINY if not t.startswith("wandb.")], arg, "name=degenerate"], cwd=tmp_path,
+                   env={"SMALLINIT_CACHE": str(data_cache)})
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines()[-1].startswith(message), proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr and not (tmp_path / "sweeps").exists()
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith(".")) == []  # nothing written here
 
 
 def test_a_fixed_key_swept_without_its_value_is_another_question(tmp_path):
