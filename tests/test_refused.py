@@ -98,3 +98,12 @@ def test_a_folder_made_at_one_budget_refuses_a_grid_of_others(tmp_path, data_cac
     assert again.stderr.startswith("error: train.max_tokens=2048,4096 is invalid in ")
     assert "made with train.max_tokens=1024" in again.stderr and record.read_text() == before
     assert len(list((tmp_path / "sweeps" / "budget" / "trials").iterdir())) == 1  # nothing planned
+
+
+def test_a_ray_tmpdir_that_is_not_a_folder_is_refused_before_anything_is_written(tmp_path, data_cache):
+    (tmp_path / "rayfile").write_text("")
+    proc = run_cli(["-m", *TINY, "init.gamma=0.5,1.0", "name=raytmp"], cwd=tmp_path,
+                   env={"SMALLINIT_CACHE": str(data_cache), "RAY_TMPDIR": str(tmp_path / "rayfile")})
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith(f"error: RAY_TMPDIR='{tmp_path / 'rayfile'}' is invalid: it is not a folder")
+    assert not (tmp_path / "sweeps").exists()
