@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
@@ -46,7 +47,14 @@ def main(cfg: DictConfig) -> float | None:
     print(f"W&B: disabled for a single run (a sweep, sweep.py -m, logs one W&B run per trial); "
           f"metrics in {TrialDir(out_dir).metrics}")
     console = ConsoleReporter(trial.train.total_steps, description=trial.preset or "train")
-    result = run_trial(trial, out_dir, reporter=console, prepared=prepared)
+    from sweeper.lock import TrialBusy, trial_lock
+
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    try:  # the same lock a sweep's worker holds: two resumes of one folder never train it together
+        with trial_lock(TrialDir(out_dir).lock):
+            result = run_trial(trial, out_dir, reporter=console, prepared=prepared)
+    except TrialBusy as e:
+        sys.exit(f"error: hydra.run.dir={out_dir}: {e}")
     if result.final_val_loss is not None:
         print(f"val loss {result.final_val_loss:.4f} (best {result.best_val_loss:.4f}; "
               f"unigram entropy of the val tokens {result.unigram_entropy:.4f}) after {result.tokens:,} tokens")

@@ -47,3 +47,15 @@ def test_a_second_worker_on_a_locked_trial_folder_is_refused_at_once(tmp_path):
         holder.wait()
     with trial_lock(lock):  # the kernel dropped the dead holder's lock
         pass
+
+
+def test_a_single_run_into_a_folder_another_run_trains_is_refused_at_once(tmp_path, data_cache):
+    """`sweep.py ... hydra.run.dir=<folder>` resumes a run; a second such command while the first
+    trains holds no lock and would train the folder with it: it stops in one line instead."""
+    folder = tmp_path / "run"
+    folder.mkdir()
+    with trial_lock(folder / "trial.lock"):  # the first run, holding the folder
+        proc = run_cli([*TINY, f"hydra.run.dir={folder}"], cwd=tmp_path, env={"SMALLINIT_CACHE": str(data_cache)})
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert "another worker is training this trial folder" in proc.stderr.strip().splitlines()[-1]
+    assert not (folder / "metrics.jsonl").exists()  # nothing trained
