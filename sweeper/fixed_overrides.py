@@ -19,6 +19,9 @@ from core.files import atomic_write_json
 
 RECORD = "fixed_overrides.json"
 # Where and how a trial runs, not what it computes: never a different question.
+# The keys that set a trial's budget: a folder made at one of them is one budget, whichever key a
+# later command sweeps.
+BUDGET_KEYS = ("train.max_tokens", "train.max_steps", "train.tokens_per_param", "train.budgets", "train.budgets_per_param")
 OPERATIONAL = ("hydra.", "ray.", "wandb.", "train.device", "train.threads", "train.compile", "train.log_every",
                "train.peak_tflops", "data.cache_dir", "name")
 
@@ -60,6 +63,12 @@ def check(sweep_dir: Path, fixed: list[str], swept: list[str],
     if before is not None:
         old = before.get("fixed", {})
         for key in swept:
+            for other in BUDGET_KEYS:  # one budget, written through another key, is still the folder's budget
+                if key in BUDGET_KEYS and other != key and other in old and key not in old:
+                    raise ConfigError(
+                        f"{key}={','.join((swept_values or {}).get(key) or ('?',))} is invalid in {sweep_dir}: it was made "
+                        f"at {old[other]}, and {key} sets every trial's budget another way, which is another question; "
+                        "give it its own folder with name=...")
             if key not in old or key in before.get("swept", []):
                 continue
             values = (swept_values or {}).get(key)

@@ -98,6 +98,10 @@ def test_a_folder_made_at_one_budget_refuses_a_grid_of_others(tmp_path, data_cac
     assert again.stderr.startswith("error: train.max_tokens=2048,4096 is invalid in ")
     assert "made with train.max_tokens=1024" in again.stderr and record.read_text() == before
     assert len(list((tmp_path / "sweeps" / "budget" / "trials").iterdir())) == 1  # nothing planned
+    # The same budget question asked through another key: max_steps wins over max_tokens.
+    steps = sweep(tmp_path, data_cache, "init.gamma=1.0", "train.max_steps=16,32", "wandb.mode=disabled", "name=budget")
+    assert steps.returncode == 1 and steps.stderr.startswith("error: train.max_steps=16,32 is invalid in ")
+    assert "made at train.max_tokens=1024" in steps.stderr and record.read_text() == before
 
 
 def test_a_ray_tmpdir_that_is_not_a_folder_is_refused_before_anything_is_written(tmp_path, data_cache):
