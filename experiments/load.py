@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -282,8 +283,11 @@ def _metrics_row(path, n: int, raw: bytes) -> dict:
 def read_per_token(path) -> tuple[np.ndarray, np.ndarray] | None:
     if not isinstance(path, str | Path) or not Path(path).exists():
         return None
-    with np.load(path) as z:
-        return z["targets"], z["loss"].astype(np.float64)
+    with _npz(path) as z:
+        try:
+            return z["targets"], z["loss"].astype(np.float64)
+        except Exception as e:  # noqa: BLE001 - a missing key or a damaged member
+            raise _damaged(path, e) from None
 
 
 def probe_snapshots(probes_dir) -> list[tuple[int, Path]]:
@@ -300,8 +304,27 @@ def probe_snapshots(probes_dir) -> list[tuple[int, Path]]:
 
 
 def read_snapshot(path: Path) -> dict[str, np.ndarray]:
-    with np.load(path) as z:
-        return {k: z[k].astype(np.float32) for k in z.files}
+    with _npz(path) as z:
+        try:
+            return {k: z[k].astype(np.float32) for k in z.files}
+        except Exception as e:  # noqa: BLE001 - a damaged member
+            raise _damaged(path, e) from None
+
+
+def _npz(path):
+    """np.load of a trial's .npz, or one line naming it: a damaged file must not turn into a
+    traceback, nor be skipped (the figures would silently lose a trial)."""
+    if not zipfile.is_zipfile(path):
+        raise _damaged(path, ValueError("not an .npz (zip) file"))
+    try:
+        return np.load(path, allow_pickle=False)
+    except Exception as e:  # noqa: BLE001 - numpy raises ValueError, OSError, zipfile.BadZipFile...
+        raise _damaged(path, e) from None
+
+
+def _damaged(path, e: Exception) -> ReportError:
+    return ReportError(f"{path} is damaged ({first_line(e)}): restore it, or move its trial folder aside and rerun "
+                       "the sweep's command to train that trial again")
 
 
 NUMERIC = ("gamma", "eps", "lr", "weight_decay", "tokens", "n_params", "d_model", "n_layers", "init_seed", "train_seed")

@@ -59,7 +59,7 @@ def check(sweep_dir: Path, fixed: list[str], swept: list[str],
     write once every other check has passed (nothing is written here)."""
     path = Path(sweep_dir) / RECORD
     now = _fixed(fixed)
-    before = json.loads(path.read_text()) if path.exists() else None
+    before = _read_record(path)
     if before is not None:
         old = before.get("fixed", {})
         for key in swept:
@@ -89,6 +89,21 @@ def check(sweep_dir: Path, fixed: list[str], swept: list[str],
         now = {**old, **now}
         swept = sorted(set(before.get("swept", [])) | set(swept))
     return {"fixed": now, "swept": sorted(swept)}
+
+
+def _read_record(path: Path) -> dict | None:
+    """The folder's record, None before its first command; a damaged one stops the command in one
+    line (guessing its fixed overrides could let another question into the folder)."""
+    if not path.exists():
+        return None
+    try:
+        record = json.loads(path.read_text())
+        if not isinstance(record, dict) or not isinstance(record.get("fixed", {}), dict):
+            raise ValueError(f"holds a {type(record).__name__} without a 'fixed' mapping")
+        return record
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{path} is unreadable ({str(e).splitlines()[0]}): restore it, or move it aside if this "
+                          "command's fixed overrides are the ones the folder was made with") from None
 
 
 def record(sweep_dir: Path, checked: dict) -> None:

@@ -84,6 +84,23 @@ def test_the_report_names_a_damaged_metrics_file_and_uses_one_cut_by_a_kill(tiny
     assert "Traceback" not in proc.stderr and (tmp_path / "out" / "rep" / "index.html").stat().st_size > 0
 
 
+@pytest.mark.parametrize("which", ["per_token", "probe"])
+def test_the_report_names_a_damaged_npz_in_one_line(tiny_sweep, tmp_path, which):
+    sweep = tmp_path / "rep"
+    shutil.copytree(tiny_sweep, sweep)
+    done = load([sweep]).complete
+    if which == "per_token":
+        damaged = Path(done["per_token_losses_path"].dropna().iloc[0])
+    else:
+        damaged = sorted(Path(done["probes_dir"].dropna().iloc[0]).glob("step_*.npz"))[-1]
+    damaged.write_bytes(b"not a zip at all")
+    proc = report_cli("--sweep", str(sweep), "--out", str(tmp_path / "out"), "--widths", WIDTHS, "--boot", "20")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"error: {damaged} is damaged (not an .npz (zip) file): restore it, or move its trial folder aside and rerun "
+        "the sweep's command to train that trial again")
+
+
 @pytest.fixture
 def trial(tiny_sweep, tmp_path) -> Path:
     """A copy of one finished trial folder of the tiny sweep (model.pt, trial.json, result.json)."""
