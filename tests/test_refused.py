@@ -111,3 +111,12 @@ def test_a_ray_tmpdir_that_is_not_a_folder_is_refused_before_anything_is_written
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines()[-1].startswith(f"error: RAY_TMPDIR='{tmp_path / 'rayfile'}' is invalid: it is not a folder")
     assert not (tmp_path / "sweeps").exists()
+
+
+def test_a_damaged_folder_record_is_one_line_not_a_guess(tmp_path):
+    (tmp_path / fixed_overrides.RECORD).write_text("{bad")
+    with pytest.raises(ConfigError, match=r"fixed_overrides.json is unreadable \(Expecting property name.*restore it"):
+        fixed_overrides.check(tmp_path, ["train.max_tokens=1024"], [], {})
+    (tmp_path / fixed_overrides.RECORD).write_text("[1, 2]")
+    with pytest.raises(ConfigError, match="holds a list without a 'fixed' mapping"):
+        fixed_overrides.check(tmp_path, [], [], {})
