@@ -269,3 +269,14 @@ def test_a_copied_sweep_folder_reads_its_own_files(tmp_path):
     # An older table's absolute path names the original folder, which still exists: the copy reads its own.
     stored = str(d.per_token_losses)
     assert schema.to_local_path(stored, tmp_path / "copy", d.identity) == str(copy.per_token_losses)
+
+
+def test_export_from_a_trial_with_a_damaged_trial_json_is_one_line(tmp_path):
+    d = TrialDir(tmp_path / "trial")
+    d.path.mkdir()
+    d.trial_json.write_text("{bad")
+    proc = subprocess.run([sys.executable, "-m", "trainer.export", str(d.path), str(tmp_path / "hf")],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert proc.stderr.startswith(f"error: {d.trial_json} is unreadable (") and "restore it" in proc.stderr
+    assert not (tmp_path / "hf").exists()
