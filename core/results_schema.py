@@ -41,7 +41,8 @@ class Column:
 LEAD_COLUMNS = (
     Column(TRIAL_NUMBER, int, "the Optuna trial number"),
     Column(IDENTITY, str, "the row's identity: the trial's, plus @<budget_tokens> on each budget of a train.budgets trial"),
-    Column(TRIAL_IDENTITY, str, "hash of the resolved config (minus hardware and paths); the trial folder's name"),
+    Column(TRIAL_IDENTITY, str, "hash of the resolved config (minus hardware and paths; plus the worker count "
+                           "above 1); the trial folder's name"),
     Column(STATE, str, "COMPLETE, PRUNED, FAIL or INTERRUPTED"),
     Column(FAIL_REASON, str, "why a FAIL failed"),
     Column(ROLE, str, "tune or confirm: its seed's role under hydra.sweeper.protocol (None without one)"),
@@ -62,6 +63,8 @@ SETTING_COLUMNS = (
     Column("train_seed", int, "train.seed"),
     Column("lr", float, "optim.lr"),
     Column("weight_decay", float, "optim.weight_decay"),
+    Column("workers", int, "the worker count that trained the trial (part of its identity above 1); "
+                           "1 where its folder does not record one (trials run before it was recorded)"),
 )
 OUTCOME_COLUMNS = (
     Column("dtype", str, "what train.dtype resolved to on the machine that ran the trial"),

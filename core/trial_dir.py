@@ -1,10 +1,11 @@
 """One trial's folder: every file in it named, read and written here, and nowhere else.
 
     .hydra/               the composed Hydra config and the overrides (sweeps only)
-    sweep.json            the planned trial (params, overrides, identity, resolved config),
-                          written by the sweep driver before any worker starts
+    sweep.json            the planned trial (params, overrides, identity, resolved config,
+                          worker count), written by the sweep driver before any worker starts
     placement.json        one entry per attempt: the Ray node, host and pid that ran it
-    trial.json            the resolved TrialConfig and its identity, written when training starts
+    trial.json            the resolved TrialConfig, its identity and the worker count training
+                          it, written when training starts
     metrics.jsonl         every logged step (train, val, probes, throughput)
     probes/step_*.npz     row-cosine matrices at log-spaced probe steps (heatmaps)
     checkpoint.pt         latest state (model, optimizer, step), for resume; removed when done
@@ -215,9 +216,9 @@ class TrialDir:
     # ---- sweep.json: the driver's plan ----
 
     def write_sweep_plan(self, params: dict[str, Any], overrides: list[str], identity: str,
-                         config: dict[str, Any]) -> None:
+                         config: dict[str, Any], workers: int = 1) -> None:
         atomic_write_json(self.sweep_json, {"params": params, "overrides": overrides, "identity": identity,
-                                            "config": config})
+                                            "config": config, "workers": workers})
 
     def read_sweep_plan(self) -> dict[str, Any]:
         """The plan, {} if missing or damaged (only the results table reads it)."""
@@ -237,8 +238,17 @@ class TrialDir:
 
     # ---- trial.json: what run_trial is training ----
 
-    def write_trial(self, identity: str, config: dict[str, Any]) -> None:
-        atomic_write_json(self.trial_json, {"identity": identity, "config": config})
+    def write_trial(self, identity: str, config: dict[str, Any], workers: int = 1) -> None:
+        atomic_write_json(self.trial_json, {"identity": identity, "config": config, "workers": workers})
+
+    def recorded_workers(self) -> int:
+        """The worker count that trains the trial, as trial.json (else sweep.json) records it;
+        1 for folders written before it was recorded."""
+        for record in (self.read_trial(damaged_ok=True), self.read_sweep_plan()):
+            n = record.get("workers") if isinstance(record, dict) else None
+            if isinstance(n, int) and not isinstance(n, bool) and n >= 1:
+                return n
+        return 1
 
     def read_trial(self, damaged_ok: bool = False) -> dict[str, Any] | None:
         return _read_json(self.trial_json, damaged_ok)

@@ -47,7 +47,7 @@ class Composer:
             OmegaConf.save(OmegaConf.create(spec.overrides), out.hydra_overrides)
             # The resolved config too: a trial whose worker dies before training starts has no
             # trial.json, and the results table still needs its row.
-            out.write_sweep_plan(spec.params, spec.overrides, spec.identity, spec.trial.to_dict())
+            out.write_sweep_plan(spec.params, spec.overrides, spec.identity, spec.trial.to_dict(), spec.workers)
         return spec
 
     def _build(self, params: dict[str, Any]) -> TrialSpec:
@@ -62,7 +62,7 @@ class Composer:
         ray_cfg, wandb_cfg = container.get("ray", {}), container.get("wandb", {})
         workers = trial_workers(trial, ray_cfg)
         check_split(trial, workers)
-        identity = trial.identity()
+        identity = trial.identity(workers)  # N > 1 workers train their own trial (trainer/config.py)
         spec = TrialSpec(
             identity=identity, trial=trial, out_dir=str(TrialDir.in_sweep(self.sweep_dir, identity).path),
             params=dict(params), overrides=overrides, sweep_name=str(container.get("name", "sweep")),

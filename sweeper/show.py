@@ -77,9 +77,9 @@ def _show(argv: list[str], conf_dir: Path, child: subprocess.Popen) -> Iterator[
             # A sweep's trial runs on ray.cpus_per_trial threads; one run here, on train.threads.
             threads.append(int(ray_cfg.get("cpus_per_trial") or 1) if multirun else trial.train.threads)
             if len(trials) == 1:
-                yield from _first(trial, multirun, space, len(points))
+                yield from _first(trial, runs_on[0][0] if multirun else 1, multirun, space, len(points))
             if multirun:
-                yield f"#   {trial.identity()}  " + " ".join(f"{k}={v}" for k, v in point.items())
+                yield f"#   {trial.identity(runs_on[-1][0])}  " + " ".join(f"{k}={v}" for k, v in point.items())
     why = estimate.not_measured(trials[0], *runs_on[0])
     lines, rate = _torch_answers(trials, runs_on, child, None if why else (trials[0], threads[0]))
     yield from lines
@@ -109,11 +109,12 @@ def _seconds(rate: estimate.Rate, trial: TrialConfig) -> float:
     return rate.seconds(trial, trained_steps(trial.train) * trial.train.tokens_per_step)
 
 
-def _first(trial: TrialConfig, multirun: bool, space, n: int) -> list[str]:
-    """The first trial as it will train, and with -m what the sweep is."""
+def _first(trial: TrialConfig, workers: int, multirun: bool, space, n: int) -> list[str]:
+    """The first trial as it will train (on `workers`: part of its identity above 1), and with
+    -m what the sweep is."""
     m = trial.model
     out = [OmegaConf.to_yaml(OmegaConf.create(trial.to_dict())).rstrip(),
-           f"# identity {trial.identity()}: {trial.preset}, {m.num_params() / 1e6:.2f}M parameters "
+           f"# identity {trial.identity(workers)}: {trial.preset}, {m.num_params() / 1e6:.2f}M parameters "
            f"({m.num_params(active=True) / 1e6:.2f}M active), {_steps_line(trial.train)}",
            *_passes(trial)]
     if multirun:
@@ -196,7 +197,7 @@ def memory_lines(groups: list[tuple[TrialConfig, int, bool, int]]) -> list[str]:
     for trial, n, gpu, count in groups:
         dtype = planned_dtype(trial, gpu)
         e = estimate(trial, n, trial.train.parallel, dtype)
-        what = f"{count} trial(s) like {trial.identity()} ({trial.preset})" if len(groups) > 1 else "each trial"
+        what = f"{count} trial(s) like {trial.identity(n)} ({trial.preset})" if len(groups) > 1 else "each trial"
         line = f"# {what}: {e.line()}"
         if not e.fits(80):
             fit = fsdp_workers_to_fit(trial, 80, dtype)

@@ -1,10 +1,14 @@
 """One trial on several processes (trainer/distributed.py): 2 gloo ranks on the CPU, DDP and
-FSDP2, reproduce the one-process loss trajectory of the same trial, and through Ray Train a
-sweep trial trained by 2 workers ends as the 1-worker trial does."""
+FSDP2, reproduce the one-process loss trajectory of the same settings over 20 steps, and
+through Ray Train a sweep trial trained by 2 workers ends as the 1-worker trial does. Over
+hundreds of steps the two part (float summation order, amplified: docs/sweeps.md), so the
+worker count above 1 is part of a trial's identity, and a checkpoint resumes only under the
+worker count that wrote it."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 
@@ -86,7 +90,8 @@ def test_two_ranks_reproduce_the_one_process_loss_trajectory(trial_config, tmp_p
         for key, value in row.items():
             assert b[step][key] == pytest.approx(value, rel=1e-5), (kind, step, key)
     two = TrialDir(tmp_path / "two").read_result()
-    assert two["identity"] == one.identity and two["steps"] == 20
+    assert two["steps"] == 20 and one.identity == trial.identity() != two["identity"] == trial.identity(2)
+    assert TrialDir(tmp_path / "two").read_trial()["workers"] == 2 and TrialDir(tmp_path / "one").read_trial()["workers"] == 1
     # model.pt holds the whole model, whatever the sharding. Its weights agree less tightly
     # than the losses: Adam divides by sqrt(v), so where a gradient is near zero a summation-
     # order difference moves a weight by up to lr per step (lr 3e-3 here).
@@ -120,25 +125,43 @@ def test_two_ranks_train_each_budgets_cooldown_as_one_process_does(trial_config,
             assert b[step][key] == pytest.approx(value, rel=1e-5), (step, key)
 
 
+def _count(workers: int) -> str:
+    return "1 worker" if workers == 1 else f"{workers} workers"
+
+
 @pytest.mark.parametrize(("kind", "before", "after"), [("fsdp", 2, 1), ("ddp", 1, 2), ("ddp", 2, 2)])
-def test_a_checkpoint_resumes_under_the_same_or_another_worker_count(trial_config, tmp_path, kind, before, after):
-    """A trial stopped at step 12 (checkpoint at 10) by `before` workers ends, under `after`, on
-    the losses of an uninterrupted one-process run: one process reads the sharded checkpoint of
-    two FSDP ranks (DCP reshards it), two read one process's checkpoint.pt, and two DDP ranks
-    their own (DCP wrote each replicated tensor once)."""
+def test_a_checkpoint_resumes_under_the_worker_count_that_wrote_it(trial_config, tmp_path, kind, before, after):
+    """A trial stopped at step 12 (checkpoint at 10) by `before` workers ends, resumed under the
+    same count, on the losses of an uninterrupted run of that count. Under another count it is
+    another trial: refused in one line before anything in the folder changes (two FSDP ranks'
+    sharded checkpoint to one process, one process's checkpoint.pt to two DDP ranks)."""
     trial = trial_config(*STEPS, "train.ckpt_every=10", "train.dtype=fp32", f"train.parallel={kind}")
-    _train(trial, tmp_path / "ref", 1)
+    _train(trial, tmp_path / "ref", before)
     with pytest.raises((Interrupted, mp.ProcessRaisedException), match="stopped at step 12"):
         _train(trial, tmp_path / "cut", before, stop_at=12)
     folder = TrialDir(tmp_path / "cut")
     assert [folder.checkpoint.exists(), folder.checkpoint_dcp.exists()] == [before == 1, before > 1]
-    _train(trial, tmp_path / "cut", after)
+    if after != before:
+        line = (f"{folder.path} holds a checkpoint of trial {trial.identity(before)}, this trial on {_count(before)}, "
+                f"not {trial.identity(after)} on {_count(after)}: a trial's worker count is part of its identity "
+                f"(docs/sweeps.md); run it there on {_count(before)}, or use another folder")
+        metrics = folder.metrics.read_bytes()
+        with pytest.raises((RuntimeError, mp.ProcessRaisedException)) as e:
+            _train(trial, tmp_path / "cut", after)
+        if after == 1:  # this process's own error: the line, nothing more
+            assert str(e.value) == line
+        else:  # each rank raised it (rank 0 read the folder); mp.spawn shows one rank's traceback
+            assert f"RuntimeError: {line}\n" in str(e.value)
+        assert folder.read_trial()["identity"] == trial.identity(before) and folder.read_trial()["workers"] == before
+        assert folder.has_checkpoint and folder.metrics.read_bytes() == metrics
+    _train(trial, tmp_path / "cut", before)
     ref, cut = _losses(tmp_path / "ref"), _losses(tmp_path / "cut")
     assert sorted(ref) == sorted(cut)  # the rows after the checkpoint were dropped, then written again
     for step, row in ref.items():
         for key, value in row.items():
             assert cut[step][key] == pytest.approx(value, rel=1e-5), (step, key)
     assert not folder.checkpoint.exists() and not folder.checkpoint_dcp.exists()
+    assert folder.read_result()["identity"] == TrialDir(tmp_path / "ref").read_result()["identity"] == trial.identity(before)
 
 
 def test_a_dead_worker_is_the_environments_fault():
@@ -151,6 +174,38 @@ def test_a_dead_worker_is_the_environments_fault():
 
 def test_identity_does_not_depend_on_parallel(trial_config):
     assert trial_config("train.parallel=fsdp").identity() == trial_config().identity()
+    assert trial_config("train.parallel=fsdp").identity(2) == trial_config().identity(2)
+
+
+def test_identity_holds_the_worker_count_above_one(trial_config):
+    """One worker is the identity every trial always had; each other count is its own trial,
+    and the identity says which count it was."""
+    trial = trial_config()
+    ids = [trial.identity(n) for n in (1, 2, 4, 8)]
+    assert ids[0] == trial.identity() and len(set(ids)) == 4
+    assert [trial.workers_of(i) for i in ids] == [1, 2, 4, 8]
+    assert trial.workers_of(trial_config("train.seed=1").identity(2)) is None  # another trial's
+
+
+@pytest.mark.slow  # about 2 minutes on 2 loaded cores
+def test_512_steps_on_one_and_on_two_workers_are_two_trials(trial_config, tmp_path):
+    """Issue #41: over 512 steps two DDP ranks' losses part from one process's (at step 28 here,
+    by 0.02 nats of val loss at the end: docs/sweeps.md), as a 1e-7 change to one process's
+    gradients parts them; so each worker count is its own trial. Both finish, each under its own
+    identity; the drift is printed (pytest -s), not asserted: its size is the docs' to state."""
+    trial = trial_config("train.max_tokens=null", "train.max_steps=512", "train.log_every=1", "train.eval_every=64",
+                         "train.probe_every=0", "train.ckpt_every=0", "train.dtype=fp32", "train.parallel=ddp")
+    one = run_trial(trial, tmp_path / "one", log=lambda *_: None)
+    _train(trial, tmp_path / "two", 2)
+    two = TrialDir(tmp_path / "two").read_result()
+    assert one.identity == trial.identity() != two["identity"] == trial.identity(2)
+    assert one.steps == two["steps"] == 512
+    assert math.isfinite(one.final_val_loss) and math.isfinite(two["final_val_loss"])
+    a, b = _losses(tmp_path / "one"), _losses(tmp_path / "two")
+    assert sorted(a) == sorted(b)
+    parted = next((s for s in sorted(a) if "train/loss" in a[s] and abs(a[s]["train/loss"] - b[s]["train/loss"]) > 1e-4), None)
+    print(f"512 steps, fp32: final val loss 1 worker {one.final_val_loss:.4f}, 2 workers {two['final_val_loss']:.4f} "
+          f"({two['final_val_loss'] - one.final_val_loss:+.4f}); train losses part by > 1e-4 at step {parted}")
 
 
 def test_a_split_that_does_not_divide_is_refused_in_one_line(trial_config):
@@ -165,8 +220,9 @@ def test_a_split_that_does_not_divide_is_refused_in_one_line(trial_config):
 
 @pytest.mark.slow  # about 3 minutes: three trials, Ray started twice
 def test_a_sweep_trial_on_two_ray_train_workers_ends_as_on_one(tmp_path, data_cache):
-    """The real CLI: the same trial as a 1-worker sweep and as a Ray Train run of 2 gloo workers
-    (1 CPU each, ddp): one identity, the same losses, rank 0's folder, both ranks in trial.log."""
+    """The real CLI: the same settings as a 1-worker sweep and as a Ray Train run of 2 gloo workers
+    (1 CPU each, ddp): two identities, the same losses over 20 steps, rank 0's folder, both
+    ranks in trial.log, and the table's workers column."""
     from .conftest import run_cli
 
     args = ["-m", *TINY, *STEPS, "train.dtype=fp32", "ray.num_cpus=2", "hydra.sweeper.asha.enabled=false"]
@@ -177,7 +233,9 @@ def test_a_sweep_trial_on_two_ray_train_workers_ends_as_on_one(tmp_path, data_ca
     two = run_cli([*args, "name=two", "ray.workers_per_trial=2", "seed=0,1"], cwd=tmp_path, env=env)
     assert two.returncode == 0, two.stderr[-3000:]
     (a,), pair = (TrialDir.all_in_sweep(tmp_path / "sweeps" / name) for name in ("one", "two"))
-    (b,) = [d for d in pair if d.path.name == a.path.name]  # the identity does not depend on the worker count
+    # The same settings on 2 workers: another identity (the worker count is part of it).
+    (b,) = [d for d in pair if d.read_trial()["config"] == a.read_trial()["config"]]
+    assert b.path.name != a.path.name and (a.read_trial()["workers"], b.read_trial()["workers"]) == (1, 2)
     first, second = sorted(pair, key=lambda d: d.trial_json.stat().st_mtime)
     assert first.result_json.stat().st_mtime <= second.trial_json.stat().st_mtime
     la, lb = _losses(a.path), _losses(b.path)
@@ -191,7 +249,7 @@ def test_a_sweep_trial_on_two_ray_train_workers_ends_as_on_one(tmp_path, data_ca
         assert f"[rank {rank}] dtype: fp32" in log
     assert b.read_result()["steps"] == 20 and b.model_weights.exists()
     df = pd.read_parquet(tmp_path / "sweeps" / "two" / "results.parquet").set_index("train_seed")
-    assert list(df["state"]) == ["COMPLETE"] * 2
+    assert list(df["state"]) == ["COMPLETE"] * 2 and list(df["workers"]) == [2, 2]
     assert df.loc[0, "final_val_loss"] == pytest.approx(la[20]["val/loss"], rel=1e-5)
 
 

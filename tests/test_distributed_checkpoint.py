@@ -140,7 +140,7 @@ def _rank1_pid(folder: TrialDir) -> int | None:
 def test_a_worker_killed_mid_trial_resumes_from_the_sharded_checkpoint(tmp_path, data_cache, trial_config):
     """The real CLI, a trial of 2 Ray Train workers (gloo, 1 CPU each, fsdp): SIGKILL to rank 1
     once checkpoint.dcp exists; the rerun resumes from it, the trial ends once, and its losses
-    are those of the same trial trained by one process without a kill."""
+    are those of the same settings trained by one process without a kill (24 steps: before they part)."""
     args = [sys.executable, str(REPO / "sweep.py"), "-m", *TINY, *KILL_STEPS, "ray.num_cpus=2", "ray.workers_per_trial=2",
             "hydra.sweeper.asha.enabled=false", "name=kill"]
     env = {**os.environ, "PYTHONPATH": str(REPO), "SMALLINIT_CACHE": str(data_cache)}
@@ -173,8 +173,9 @@ def test_a_worker_killed_mid_trial_resumes_from_the_sharded_checkpoint(tmp_path,
     assert not folder.checkpoint_dcp.exists() and folder.model_weights.exists()
 
     one = tmp_path / "one"
-    reference = run_trial(trial_config(*KILL_STEPS), one, log=lambda *_: None)
-    assert reference.identity == folder.identity
+    trial = trial_config(*KILL_STEPS)
+    reference = run_trial(trial, one, log=lambda *_: None)  # 24 steps: 2 workers' losses are still one process's
+    assert folder.identity == trial.identity(2) != reference.identity  # the worker count is part of the identity
     rows = [json.loads(line) for line in folder.metrics.read_text().splitlines()]
     ref = [json.loads(line) for line in TrialDir(one).metrics.read_text().splitlines()]
     assert [r["step"] for r in rows] == [r["step"] for r in ref]  # rows after the checkpoint written once

@@ -79,7 +79,7 @@ def test_a_sweep_runs_each_trial_on_its_own_worker_count(tmp_path, data_cache, t
     proc = run_cli(args, cwd=tmp_path, env={"SMALLINIT_CACHE": str(data_cache), "WANDB_API_KEY": ""})
     assert proc.returncode == 0, proc.stderr[-3000:]
     folders = {d.path.name: d for d in TrialDir.all_in_sweep(tmp_path / "sweeps" / "fit")}
-    one, two = folders[nano.identity()], folders[micro.identity()]
+    one, two = folders[nano.identity()], folders[micro.identity(2)]  # 2 workers: part of micro's identity
     assert "[rank" not in one.log.read_text()  # one process
     log = two.log.read_text()
     for rank in (0, 1):

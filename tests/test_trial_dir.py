@@ -41,15 +41,18 @@ def test_sweep_layout_and_probe_snapshot_names(tmp_path):
 
 def test_round_trips(tmp_path):
     d = TrialDir(tmp_path / "t")
-    d.write_sweep_plan({"init.gamma": 0.5}, ["init.gamma=0.5"], "t", {"x": 1})
+    assert d.recorded_workers() == 1  # nothing written yet
+    d.write_sweep_plan({"init.gamma": 0.5}, ["init.gamma=0.5"], "t", {"x": 1}, workers=2)
+    assert d.recorded_workers() == 2  # planned for 2
     d.write_trial("t", {"x": 1})
     d.record_attempt("node-a", "host", 11)
     d.record_attempt("node-b", "host", 12)
     d.write_failure("boom", "Traceback ...", "transient")
     d.write_result({"identity": "t", "steps": 8})
     assert d.read_sweep_plan() == {"params": {"init.gamma": 0.5}, "overrides": ["init.gamma=0.5"], "identity": "t",
-                                   "config": {"x": 1}}
-    assert d.read_trial() == {"identity": "t", "config": {"x": 1}}
+                                   "config": {"x": 1}, "workers": 2}
+    assert d.read_trial() == {"identity": "t", "config": {"x": 1}, "workers": 1}
+    assert d.recorded_workers() == 1  # trial.json, written when training starts, has the word
     assert [a["node_id"] for a in d.read_attempts()] == ["node-a", "node-b"]
     assert [a["pid"] for a in d.read_attempts()] == [11, 12]
     assert d.read_failure() == {"reason": "boom", "traceback": "Traceback ...", "kind": "transient"}
@@ -152,12 +155,16 @@ def _sweep(root) -> dict[str, dict]:
     for number, (gamma, seed, how) in enumerate([(0.5, 0, "complete"), (1.0, 0, "complete"), (0.5, 1, "fail"),
                                                  (1.0, 1, "planned"), (2.0, 0, "pruned")]):
         trial = _trial(gamma, seed)
+        if how == "planned":  # planned for 2 workers: its own identity, and the table says so
+            d = TrialDir.in_sweep(root, trial.identity(2))
+            d.write_sweep_plan({"init.gamma": gamma, "seed": seed}, [f"init.gamma={gamma}", f"seed={seed}"],
+                               trial.identity(2), trial.to_dict(), workers=2)
+            states[trial.identity(2)] = {"number": number, "state": "RUNNING"}
+            continue
         d = TrialDir.in_sweep(root, trial.identity())
         d.write_sweep_plan({"init.gamma": gamma, "seed": seed}, [f"init.gamma={gamma}", f"seed={seed}"],
                            trial.identity(), trial.to_dict())
-        states[trial.identity()] = {"number": number, "state": "RUNNING" if how == "planned" else "COMPLETE"}
-        if how == "planned":
-            continue
+        states[trial.identity()] = {"number": number, "state": "COMPLETE"}
         d.record_attempt("node-1", "host", 100 + number)
         d.write_trial(trial.identity(), trial.to_dict())
         if how == "complete":
@@ -179,7 +186,7 @@ PARQUET_TYPES = {
     "param.init.gamma": "double", "param.seed": "int64", "model": "string", "n_params": "double",
     "d_model": "int64", "n_layers": "int64", "gamma": "double", "init_seed": "int64", "eps": "double",
     "norm": "string", "gate": "string", "ffn": "string", "task": "string", "train_seed": "int64", "lr": "double",
-    "weight_decay": "double", "dtype": "string", "budget_tokens": "int64", "tokens": "double", "corpus_tokens": "null", "final_val_loss": "double",
+    "weight_decay": "double", "workers": "int64", "dtype": "string", "budget_tokens": "int64", "tokens": "double", "corpus_tokens": "null", "final_val_loss": "double",
     "best_val_loss": "double", "unigram_entropy": "double", "wall_s": "double", "tokens_per_s": "double",
     "mfu": "null", "node_id": "string", "attempts": "int64", "trial_dir": "string", "metrics_path": "string",
     "per_token_losses_path": "string", "probes_dir": "string", "attn_sink": "double", "stable_rank": "double",
@@ -205,6 +212,7 @@ def test_the_sweepers_table_has_the_schemas_columns_and_types(tmp_path):
             assert pd.api.types.is_numeric_dtype(known), column.name
     assert list(df["state"]) == ["COMPLETE", "COMPLETE", "FAIL", "INTERRUPTED", "PRUNED"]
     assert list(df["attempts"]) == [1, 1, 1, 0, 1] and pd.isna(df["node_id"].iloc[3])
+    assert list(df["workers"]) == [1, 1, 1, 2, 1]  # the planned trial's from its sweep.json
     pruned = df.iloc[4]
     assert pruned["final_val_loss"] == 5.5 and pruned["tokens"] == 512 and pd.isna(pruned["n_params"])
 

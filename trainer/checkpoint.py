@@ -3,8 +3,9 @@
 One process writes checkpoint.pt whole. A trial trained by several workers writes
 checkpoint.dcp/ (core.trial_dir names both): every rank its own shard through
 torch.distributed.checkpoint (DCP), rank 0 the scalars, into checkpoint.dcp.new/, which rank 0
-then swaps in. Either resumes under any worker count: DCP reshards a sharded checkpoint for the
-ranks that load it, and one process reads it too.
+then swaps in. DCP reshards a sharded checkpoint for the ranks that load it, and one process
+reads it too; but a checkpoint carries its trial's identity, which holds the worker count
+above 1, so it resumes only under the worker count that wrote it (trainer/loop.py says so).
 """
 
 from __future__ import annotations

@@ -221,12 +221,18 @@ class TrialConfig:
         return {f.name: self.data.to_dict() if f.name == "data" else plain(getattr(self, f.name))
                 for f in dataclasses.fields(self)}
 
-    def identity(self) -> str:
+    def identity(self, workers: int = 1) -> str:
         """Hash of what determines the trial's numbers. Hardware, paths, logging and guards
         (device, threads, compile, parallel, cache_dir, peak_tflops, log_every, max_epochs) are
-        left out: the same trial on another machine or another number of workers, logged more
-        densely or allowed more passes, is the same trial."""
+        left out: the same trial on another machine, logged more densely or allowed more passes,
+        is the same trial. The worker count that trains it (ray.workers_per_trial, or the one
+        ray.fit_device_gib chose) is in when above 1: the all-reduce sums the gradient in
+        another order than one process does, and over hundreds of steps the losses part
+        (docs/sweeps.md), so N workers' result is its own trial's. One worker adds nothing:
+        every identity from before keeps its value (tests/test_identities.py)."""
         d = self.to_dict()
+        if workers > 1:
+            d["workers"] = workers
         for key in ("device", "threads", "compile", "parallel", "peak_tflops", "log_every", "max_epochs"):
             d["train"].pop(key, None)
         d["data"].pop("cache_dir", None)
@@ -239,6 +245,10 @@ class TrialConfig:
             d["train"].pop("budgets_per_param", None)
         blob = json.dumps(d, sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+    def workers_of(self, identity: str, most: int = 64) -> int | None:
+        """The worker count (1 to `most`) that makes this trial `identity`; None for another trial."""
+        return next((n for n in range(1, most + 1) if self.identity(n) == identity), None)
 
 
 @dataclass(frozen=True)

@@ -8,10 +8,13 @@ model for evaluation, probes and model.pt (on rank 0 only), and the checkpoint: 
 from one process, a shard per rank in checkpoint.dcp/ from several (trainer/checkpoint.py). A
 `Single` does what the one-process loop always did, so that path is unchanged to the bit.
 
-The numbers do not depend on the worker count: every rank draws the same global batch
-(train.batch_size rows, a pure function of seed and step) and trains on its contiguous slice;
-each rank's loss is the mean over its rows and DDP/FSDP average the gradients, so the update
-is the global batch's mean gradient, as on one process (up to float summation order).
+Every rank draws the same global batch (train.batch_size rows, a pure function of seed and
+step) and trains on its contiguous slice; each rank's loss is the mean over its rows and
+DDP/FSDP average the gradients, so the update is the global batch's mean gradient, as on one
+process, up to float summation order. That order is not one process's, and over hundreds of
+steps the difference grows to the size of a seed's (docs/sweeps.md measures it), so a trial
+on N > 1 workers is its own trial: the worker count is part of its identity
+(TrialConfig.identity), and a checkpoint resumes only under the worker count that wrote it.
 """
 
 from __future__ import annotations
@@ -62,8 +65,8 @@ class Single:
 
     def resume(self, folder: TrialDir, identity: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                device: torch.device, log) -> dict | None:
-        """The checkpoint's state, loaded into model and optimizer; None without one. A trial
-        that several workers checkpointed resumes from their sharded checkpoint."""
+        """The checkpoint's state, loaded into model and optimizer; None without one. A sharded
+        checkpoint is read too (it is several workers', so another trial's: refused by identity)."""
         state = load_checkpoint(folder.checkpoint, identity, device, log=log)
         if state is not None:
             model.load_state_dict(state["model"])
@@ -161,9 +164,9 @@ class Parallel:
     def resume(self, folder: TrialDir, identity: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                device: torch.device, log) -> dict | None:
         """The checkpoint's scalars on every rank, its tensors loaded; None without one. Rank 0
-        checks it first (identity, whole, else set aside). checkpoint.dcp is read by every rank,
-        resharded by DCP if another worker count wrote it; a one-process run's checkpoint.pt is
-        read by rank 0 and broadcast."""
+        checks it first (identity, whole, else set aside). checkpoint.dcp is read by every rank
+        (DCP reshards it to the ranks that load it); a checkpoint.pt is read by rank 0 and
+        broadcast. The identity holds the worker count (run_trial refuses another's first)."""
         found, state = None, None
         if self.is_main:
             scalars = read_sharded(folder, identity, log=log)

@@ -110,17 +110,23 @@ def run_trial(trial: TrialConfig, out_dir: Path, reporter: Reporter | None = Non
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     folder = TrialDir(out_dir)
-    t, identity = trial.train, trial.identity()
+    t, identity = trial.train, trial.identity(dist.world)  # N > 1 workers: their own trial
     finished = folder.read_result()
     if finished is not None:
         if finished["identity"] != identity:
-            raise RuntimeError(f"{out_dir} holds finished trial {finished['identity']}, not {identity}: use another folder")
+            raise RuntimeError(_not_this_trial(out_dir, "finished trial", finished["identity"], trial, dist.world))
         log(f"trial {identity} already finished in {out_dir}")
         return TrialResult(**finished)
     if t.threads:
         torch.set_num_threads(t.threads)
+    # A checkpoint of another trial (this one on another worker count, most often) is refused
+    # before trial.json is rewritten: the folder stays that trial's, to finish where it began.
+    # Rank 0 reads, every rank raises the same line.
+    refused = dist.share(_foreign_checkpoint(folder, trial, dist.world) if dist.is_main else None)
+    if refused:
+        raise RuntimeError(refused)
     if dist.is_main:
-        folder.write_trial(identity, trial.to_dict())
+        folder.write_trial(identity, trial.to_dict(), dist.world)
     device = resolve_device(t.device) if dist.world == 1 else dist.device
     precision = resolve_dtype(device, t.dtype)
     log(f"dtype: {precision.dtype} ({precision.reason})")
@@ -338,6 +344,31 @@ def run_trial(trial: TrialConfig, out_dir: Path, reporter: Reporter | None = Non
     folder.write_result(asdict(result))
     folder.drop_checkpoint()  # after result.json: a kill in between still resumes
     return result
+
+
+def _not_this_trial(out_dir: Path, what: str, other: str, trial: TrialConfig, world: int) -> str:
+    """The one line refusing a folder that holds `what` of trial `other`, not of this trial on
+    `world` workers; when `other` is this trial on another worker count, it says so."""
+    identity, workers = trial.identity(world), trial.workers_of(other)
+    if workers is None:
+        return f"{out_dir} holds {what} {other}, not {identity}: use another folder"
+    return (f"{out_dir} holds {what} {other}, this trial on {_count(workers)}, not {identity} on "
+            f"{_count(world)}: a trial's worker count is part of its identity (docs/sweeps.md); run it "
+            f"there on {_count(workers)}, or use another folder")
+
+
+def _count(workers: int) -> str:
+    return "1 worker" if workers == 1 else f"{workers} workers"
+
+
+def _foreign_checkpoint(folder: TrialDir, trial: TrialConfig, world: int) -> str | None:
+    """Why folder's checkpoint cannot be resumed here: trial.json says it is another trial's;
+    None without a checkpoint or with this trial's (a damaged one is set aside when read)."""
+    record = folder.read_trial(damaged_ok=True)
+    other = record.get("identity") if isinstance(record, dict) else None
+    if not folder.has_checkpoint or not isinstance(other, str) or other == trial.identity(world):
+        return None
+    return _not_this_trial(folder.path, "a checkpoint of trial", other, trial, world)
 
 
 def _budgets_done(folder: TrialDir, side: list[Branch], identity: str, state: dict | None, log) -> tuple[set[int], bool]:
