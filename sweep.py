@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
@@ -24,7 +25,7 @@ log = logging.getLogger("smallinit")
 def main(cfg: DictConfig) -> float | None:
     from hydra.core.hydra_config import HydraConfig
 
-    from core.errors import ConfigError
+    from core.errors import ConfigError, first_line
     from core.trial_dir import TrialDir
     from trainer.config import trial_config_from_dict
     from trainer.data_check import check_trials
@@ -48,12 +49,20 @@ def main(cfg: DictConfig) -> float | None:
           f"metrics in {TrialDir(out_dir).metrics}")
     console = ConsoleReporter(trial.train.total_steps, description=trial.preset or "train")
     from sweeper.lock import TrialBusy, trial_lock
+    from trainer.loop import ForeignFolder
 
+    folder = TrialDir(out_dir)
+    for path in (folder.result_json, folder.trial_json):  # read before training, named if damaged
+        try:
+            json.loads(path.read_text()) if path.exists() else None
+        except (ValueError, OSError) as e:
+            sys.exit(f"error: {path} is damaged ({first_line(e)}): move it aside to train the trial here again, "
+                     "or use another hydra.run.dir")
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     try:  # the same lock a sweep's worker holds: two resumes of one folder never train it together
-        with trial_lock(TrialDir(out_dir).lock):
+        with trial_lock(folder.lock):
             result = run_trial(trial, out_dir, reporter=console, prepared=prepared)
-    except TrialBusy as e:
+    except (TrialBusy, ForeignFolder) as e:
         sys.exit(f"error: hydra.run.dir={out_dir}: {e}")
     if result.final_val_loss is not None:
         print(f"val loss {result.final_val_loss:.4f} (best {result.best_val_loss:.4f}; "

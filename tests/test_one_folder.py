@@ -59,3 +59,17 @@ def test_a_single_run_into_a_folder_another_run_trains_is_refused_at_once(tmp_pa
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert "another worker is training this trial folder" in proc.stderr.strip().splitlines()[-1]
     assert not (folder / "metrics.jsonl").exists()  # nothing trained
+
+
+def test_a_single_run_into_another_trials_or_a_damaged_folder_is_one_line(tmp_path, data_cache):
+    env = {"SMALLINIT_CACHE": str(data_cache)}
+    folder = tmp_path / "run"
+    first = run_cli([*TINY, "init.gamma=0.5", f"hydra.run.dir={folder}"], cwd=tmp_path, env=env)
+    assert first.returncode == 0, first.stderr[-2000:]
+    other = run_cli([*TINY, "init.gamma=1.0", f"hydra.run.dir={folder}"], cwd=tmp_path, env=env)
+    assert other.returncode == 1 and "Traceback" not in other.stderr, other.stderr[-2000:]
+    assert other.stderr.strip().splitlines()[-1].startswith(f"error: hydra.run.dir={folder}: {folder} holds finished trial")
+    (folder / "result.json").write_text("{cut")
+    damaged = run_cli([*TINY, "init.gamma=0.5", f"hydra.run.dir={folder}"], cwd=tmp_path, env=env)
+    assert damaged.returncode == 1 and "Traceback" not in damaged.stderr
+    assert damaged.stderr.strip().splitlines()[-1].startswith(f"error: {folder / 'result.json'} is damaged (")

@@ -40,6 +40,10 @@ from .tasks import make_task
 ACCEL_SYNC_EVERY = 16
 
 
+class ForeignFolder(RuntimeError):
+    """out_dir holds another trial's result or checkpoint: nothing is trained over it."""
+
+
 class TrialDiverged(RuntimeError):
     """The loss became NaN or inf; the trial stops instead of burning its budget."""
 
@@ -114,7 +118,7 @@ def run_trial(trial: TrialConfig, out_dir: Path, reporter: Reporter | None = Non
     finished = folder.read_result()
     if finished is not None:
         if finished["identity"] != identity:
-            raise RuntimeError(_not_this_trial(out_dir, "finished trial", finished["identity"], trial, dist.world))
+            raise ForeignFolder(_not_this_trial(out_dir, "finished trial", finished["identity"], trial, dist.world))
         log(f"trial {identity} already finished in {out_dir}")
         return TrialResult(**finished)
     if t.threads:
@@ -124,7 +128,7 @@ def run_trial(trial: TrialConfig, out_dir: Path, reporter: Reporter | None = Non
     # Rank 0 reads, every rank raises the same line.
     refused = dist.share(_foreign_checkpoint(folder, trial, dist.world) if dist.is_main else None)
     if refused:
-        raise RuntimeError(refused)
+        raise ForeignFolder(refused)
     if dist.is_main:
         folder.write_trial(identity, trial.to_dict(), dist.world)
     device = resolve_device(t.device) if dist.world == 1 else dist.device
