@@ -121,16 +121,18 @@ def ray_tmp():
     shutil.rmtree(path, ignore_errors=True)
 
 
-def test_a_local_ray_that_fails_to_start_says_why(tmp_path, data_cache, ray_tmp):
-    """A real failure: RAY_TMPDIR names a file, where Ray makes its folder."""
+def test_a_ray_tmpdir_that_is_a_file_is_refused_before_anything_is_written(tmp_path, data_cache, ray_tmp):
+    """RAY_TMPDIR names a file, where Ray would make its folder: once found only when Ray failed
+    to start (after the study and the trial folders were written), now before."""
     not_a_folder = ray_tmp / "file"
     not_a_folder.write_text("")
     proc = sweep(tmp_path, data_cache, "init.gamma=0.5", "name=nostart", env={"RAY_TMPDIR": str(not_a_folder)},
                  timeout=300)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    assert error_line(proc) == (f"error: the local Ray (ray.address=null) did not start: [Errno 20] Not a directory: "
-                                f"'{not_a_folder}/ray'; RAY_TMPDIR='{not_a_folder}' must be a folder this user can "
-                                "write, with free space")
+    # Found before the study or any folder is written (sweeper/cluster.py check_local_start).
+    assert error_line(proc) == (f"error: RAY_TMPDIR='{not_a_folder}' is invalid: it is not a folder this user can "
+                                "write, and the local Ray keeps its sessions there; point it at one (e.g. /tmp)")
+    assert not (tmp_path / "sweeps").exists()
 
 
 REFUSED = [

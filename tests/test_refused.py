@@ -104,15 +104,6 @@ def test_a_folder_made_at_one_budget_refuses_a_grid_of_others(tmp_path, data_cac
     assert "made at train.max_tokens=1024" in steps.stderr and record.read_text() == before
 
 
-def test_a_ray_tmpdir_that_is_not_a_folder_is_refused_before_anything_is_written(tmp_path, data_cache):
-    (tmp_path / "rayfile").write_text("")
-    proc = run_cli(["-m", *TINY, "init.gamma=0.5,1.0", "name=raytmp"], cwd=tmp_path,
-                   env={"SMALLINIT_CACHE": str(data_cache), "RAY_TMPDIR": str(tmp_path / "rayfile")})
-    assert proc.returncode == 1 and "Traceback" not in proc.stderr
-    assert proc.stderr.strip().splitlines()[-1].startswith(f"error: RAY_TMPDIR='{tmp_path / 'rayfile'}' is invalid: it is not a folder")
-    assert not (tmp_path / "sweeps").exists()
-
-
 def test_a_damaged_folder_record_is_one_line_not_a_guess(tmp_path):
     (tmp_path / fixed_overrides.RECORD).write_text("{bad")
     with pytest.raises(ConfigError, match=r"fixed_overrides.json is unreadable \(Expecting property name.*restore it"):
