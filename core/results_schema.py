@@ -6,15 +6,20 @@ trial has no value) and pandas infers the storage type, so an int column with a 
 is stored as float64: tables written before this module existed read back unchanged.
 
 Besides the fixed columns a row may carry `param.<key>` (each swept value, after the lead
-columns), the final probe means (finished trials) and `anchor_*` accuracies (data=anchor).
+columns), the final probe means (finished trials), `anchor_*` accuracies (data=anchor) and, last,
+`config/<key>`: every key of the trial's resolved config (trial.json's `config`), swept or not,
+flattened with dotted keys (`config/model.init.gamma`, `config/optim.lr`), a list or an empty
+mapping as its JSON text. `results.csv` beside the table holds the same rows.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
 RESULTS_FILE = "results.parquet"
+RESULTS_CSV = "results.csv"  # the same rows, written beside it whenever it is
 
 # Trial states. A study's Optuna state name passes through (PRUNED from ASHA, FAIL from the
 # study); the trial folder overrides it (result.json: COMPLETE, failure.json: FAIL).
@@ -28,6 +33,7 @@ BUDGET_SEP = "@"  # a budget row's identity: <trial identity>@<budget_tokens>
 ROLE = "role"
 
 PARAM_PREFIX = "param."
+CONFIG_PREFIX = "config/"
 ANCHOR_PREFIX = "anchor_"
 
 
@@ -117,7 +123,7 @@ def anchor_column(metric: str) -> str:
 
 
 def is_known_column(name: str) -> bool:
-    return name in COLUMNS or name.startswith((PARAM_PREFIX, ANCHOR_PREFIX))
+    return name in COLUMNS or name.startswith((PARAM_PREFIX, ANCHOR_PREFIX, CONFIG_PREFIX))
 
 
 def budget_identity(identity: str, budget_tokens: int) -> str:
@@ -131,6 +137,25 @@ def trial_identity(identity: str) -> str:
 
 def results_path(sweep_dir: str | Path) -> Path:
     return Path(sweep_dir) / RESULTS_FILE
+
+
+def csv_path(sweep_dir: str | Path) -> Path:
+    return Path(sweep_dir) / RESULTS_CSV
+
+
+def config_columns(config: dict, prefix: str = CONFIG_PREFIX) -> dict:
+    """A trial's resolved config as flat `config/<dotted key>` columns: every leaf, swept or
+    not; a list (or an empty mapping) as its JSON text, so each cell is one plain value."""
+    out: dict = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            out.update(config_columns(value, f"{name}."))
+        elif isinstance(value, list | tuple | dict):
+            out[name] = json.dumps(value, default=str)
+        else:
+            out[name] = value
+    return out
 
 
 # Artifact paths are stored relative to the sweep folder, so a folder moved or copied (cluster

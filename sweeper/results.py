@@ -1,4 +1,4 @@
-"""The results table: `results.parquet` in the sweep folder, one row per trial, or per budget
+"""The results table: `results.parquet` in the sweep folder (and its CSV twin `results.csv`), one row per trial, or per budget
 for a trial with train.budgets (identity `<trial>@<budget_tokens>`, from budgets/<tokens>.json).
 
 Built from what the trials wrote (core.trial_dir: trial.json, result.json, failure.json) and
@@ -89,6 +89,7 @@ def trial_rows(trial_dir: TrialDir, study_state: dict[str, Any] | None = None,
     elif state == schema.PRUNED:
         last = trial_dir.last_metrics()
         row.update(final_val_loss=last.get("val/loss"), best_val_loss=last.get("val/best_loss"), tokens=last.get("tokens"))
+    row.update(schema.config_columns(cfg))  # every key, swept or not; build_table puts them last
     rows = _budget_rows(row, trial_dir, train["budgets"]) if train.get("budgets") else [row]
     if sweep_dir is not None:
         for r in rows:
@@ -194,7 +195,22 @@ def build_table(sweep_dir: Path, study_states: dict[str, dict[str, Any]] | None 
     df = pd.DataFrame(rows)
     if not df.empty:
         df = df.sort_values(schema.TRIAL_NUMBER, na_position="last", kind="stable").reset_index(drop=True)
+        config = [c for c in df.columns if c.startswith(schema.CONFIG_PREFIX)]
+        df = df[[c for c in df.columns if c not in config] + config]
+        for column in config:
+            df[column] = _one_kind(df[column])
     return df
+
+
+def _one_kind(values: pd.Series) -> pd.Series:
+    """A config column whose trials hold values of different kinds (a number in one, a string
+    or a flag in another) as text, each value as its JSON spelling: Parquet stores one type per
+    column. Numbers alone (int and float) and one kind alone stay as they are."""
+    kinds = {type(v) for v in values if v is not None and not (isinstance(v, float) and pd.isna(v))}
+    if len(kinds) <= 1 or kinds <= {int, float}:
+        return values
+    return values.map(lambda v: v if v is None or isinstance(v, str) or (isinstance(v, float) and pd.isna(v))
+                      else json.dumps(v))
 
 
 def _fill_roles(rows: list[dict[str, Any]], sweep_dir: Path) -> None:
@@ -214,8 +230,10 @@ def _fill_roles(rows: list[dict[str, Any]], sweep_dir: Path) -> None:
 
 
 def write_table(sweep_dir: Path, df: pd.DataFrame) -> Path:
+    """results.parquet, then its CSV twin results.csv (the same rows and columns), each atomically."""
     path = schema.results_path(sweep_dir)
     atomic_write(path, lambda f: df.to_parquet(f, index=False))
+    atomic_write(schema.csv_path(sweep_dir), lambda f: df.to_csv(f, index=False))
     return path
 
 

@@ -199,7 +199,7 @@ def test_results_columns_are_documented():
 
     readme = (REPO / "docs" / "sweeps.md").read_text()  # "The results table", linked from the README
     # Every column the schema defines (the table's own list), and the swept keys' prefix.
-    for column in [*schema.COLUMNS, f"{schema.PARAM_PREFIX}<key>"]:
+    for column in [*schema.COLUMNS, f"{schema.PARAM_PREFIX}<key>", f"{schema.CONFIG_PREFIX}<key>", schema.RESULTS_CSV]:
         assert f"`{column}`" in readme, column
 
 

@@ -201,7 +201,9 @@ def test_the_sweepers_table_has_the_schemas_columns_and_types(tmp_path):
 
     path = write_table(tmp_path, build_table(tmp_path, _sweep(tmp_path)))
     stored = [(f.name, str(f.type).removeprefix("large_")) for f in pq.read_schema(path)]
-    assert stored == list(PARQUET_TYPES.items())  # names, order and types
+    fixed = [(n, t) for n, t in stored if not n.startswith(schema.CONFIG_PREFIX)]
+    assert fixed == list(PARQUET_TYPES.items())  # names, order and types
+    assert stored[:len(fixed)] == fixed  # the config/<key> columns come last
     df = pd.read_parquet(path)
     assert all(schema.is_known_column(c) for c in df.columns)
     for column in schema.COLUMNS.values():  # each known value is of its declared kind
@@ -215,6 +217,47 @@ def test_the_sweepers_table_has_the_schemas_columns_and_types(tmp_path):
     assert list(df["workers"]) == [1, 1, 1, 2, 1]  # the planned trial's from its sweep.json
     pruned = df.iloc[4]
     assert pruned["final_val_loss"] == 5.5 and pruned["tokens"] == 512 and pd.isna(pruned["n_params"])
+
+
+def test_the_table_has_every_config_key_as_a_column_and_a_csv_twin(tmp_path):
+    from sweeper.results import build_table, write_table
+
+    states = _sweep(tmp_path)
+    path = write_table(tmp_path, build_table(tmp_path, states))
+    df = pd.read_parquet(path)
+    trial = _trial(0.5, 0)
+    # Every leaf of trial.json's config, swept (init.gamma) or not (optim.lr, train.max_tokens).
+    flat = schema.config_columns(trial.to_dict())
+    assert set(flat) <= set(df.columns)
+    assert {"config/model.init.gamma", "config/optim.lr", "config/train.max_tokens", "config/preset"} <= set(flat)
+    row = df[df[schema.TRIAL_IDENTITY] == trial.identity()].iloc[0]
+    assert row["config/model.init.gamma"] == 0.5 == row["gamma"]
+    assert row["config/optim.lr"] == trial.optim.lr == row["lr"]
+    assert row["config/train.max_tokens"] == trial.train.max_tokens
+    assert list(df["config/model.init.gamma"]) == [0.5, 1.0, 0.5, 1.0, 2.0]  # the planned trial's from sweep.json
+    # The CSV twin: the same rows and columns.
+    csv = pd.read_csv(schema.csv_path(tmp_path))
+    assert list(csv.columns) == list(df.columns) and len(csv) == len(df)
+    assert list(csv[schema.IDENTITY]) == list(df[schema.IDENTITY])
+    assert list(csv["config/optim.lr"]) == list(df["config/optim.lr"])
+    assert pd.Series(csv["final_val_loss"]).equals(df["final_val_loss"])
+
+
+def test_config_columns_flatten_with_dotted_keys_and_lists_as_json():
+    flat = schema.config_columns({"model": {"init": {"gamma": 0.5}, "extra": {}}, "train": {"budgets": [1, 2]},
+                                  "preset": None})
+    assert flat == {"config/model.init.gamma": 0.5, "config/model.extra": "{}", "config/train.budgets": "[1, 2]",
+                    "config/preset": None}
+
+
+def test_a_config_key_of_mixed_kinds_is_stored_as_text(tmp_path):
+    from sweeper.results import _one_kind, write_table
+
+    assert _one_kind(pd.Series([1, 2.5, None])).tolist()[:2] == [1, 2.5]  # numbers stay numbers
+    df = pd.DataFrame({"identity": ["a", "b", "c"], "config/train.threads": [4, "auto", True]})
+    df["config/train.threads"] = _one_kind(df["config/train.threads"])
+    assert list(df["config/train.threads"]) == ["4", "auto", "true"]
+    assert list(pd.read_parquet(write_table(tmp_path, df))["config/train.threads"]) == ["4", "auto", "true"]
 
 
 def test_the_report_reads_what_the_sweeper_wrote(tmp_path):
