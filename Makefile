@@ -23,7 +23,7 @@ ARGS ?=
 # about 10 minutes on 2 cores), so the report can give the best setting an interval and a verdict.
 SWEEP_GRID ?= init.gamma=0.5,0.75,1.0,1.25 norm.eps=1e-5,1e-12 seed=0,1,2
 
-.PHONY: help install lock sweep run test test-slow test-full report experiments bench lint dashboard clean
+.PHONY: help install lock sweep run test test-slow test-full report compare experiments bench lint dashboard clean
 
 # The descriptions below name variables ($(TORCH_SPEC), $(EXTRAS)): help shows their values.
 help: ## Show this help
@@ -59,6 +59,8 @@ test-full: install ## Run every test, slow ones included
 
 report: install ## Build the HTML report of sweeps/smallinit (`make sweep`'s; else the newest sweep), or SWEEP=dir[,dir...]
 	$(PY) -m experiments.report $(if $(SWEEP),--sweep $(SWEEP),) $(ARGS)
+compare: install ## Compare two sweep folders (A=dir B=dir): fixed overrides that differ, swept keys, trials in both
+	$(PY) -m experiments.compare $(A) $(B)
 
 # The CPU forms of the paper's studies (conf/experiment/), each with the command(s) its record names
 # (docs/results/<exp>/command.txt, else the experiment alone), then its report and any check the

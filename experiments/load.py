@@ -168,12 +168,12 @@ def load(dirs: list[Path], metric: str = LOSS, budgets: str = "all") -> Sweep:
             if column in df:
                 ids = df[schema.IDENTITY] if schema.IDENTITY in df else [None] * len(df)
                 df[column] = [schema.to_local_path(v, d, i) for v, i in zip(df[column], ids)]
+        if schema.IDENTITY in df:
+            df = df.drop_duplicates(schema.IDENTITY, keep="first")
         frames.append(df.assign(sweep=d.name))
-    results = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    results = pd.concat(_each_trial_once(frames, dirs), ignore_index=True) if frames else pd.DataFrame()
     if results.empty:
         raise ReportError(f"{', '.join(str(d) for d in dirs)}: results.parquet has no trials")
-    if schema.IDENTITY in results:
-        results = results.drop_duplicates(schema.IDENTITY, keep="first").reset_index(drop=True)
     if budgets == "largest" and has_branches(results):
         largest = results.groupby(schema.TRIAL_IDENTITY)[schema.BUDGET_TOKENS].transform("max")
         keep = results[schema.BUDGET_TOKENS].isna() | largest.isna() | (results[schema.BUDGET_TOKENS] == largest)
@@ -217,6 +217,56 @@ def load(dirs: list[Path], metric: str = LOSS, budgets: str = "all") -> Sweep:
                           "(select-then-confirm: rerun the sweep's command to run the confirm stage)")
     return Sweep(dirs=list(dirs), results=results, complete=tuned.reset_index(drop=True), setting_cols=setting_cols,
                  tuning=tuning)
+
+
+def trial_identities(df: pd.DataFrame) -> list[str | None]:
+    """Each row's trial identity: `trial_identity`, else `identity` less its @<budget_tokens>."""
+    if schema.TRIAL_IDENTITY in df:
+        ids = df[schema.TRIAL_IDENTITY]
+    elif schema.IDENTITY in df:
+        ids = df[schema.IDENTITY].map(lambda v: schema.trial_identity(v) if isinstance(v, str) else None)
+    else:
+        return [None] * len(df)
+    return [v if isinstance(v, str) and v else None for v in ids]
+
+
+def _each_trial_once(frames: list[pd.DataFrame], dirs: list[Path]) -> list[pd.DataFrame]:
+    """Every sweep's rows, labelled by its `sweep`, each trial in one sweep only. One trial
+    folder that two sweeps' tables both list (a study shared between folders reuses a finished
+    trial) is the same run: its rows stay with the first sweep that lists it. The same identity
+    trained in two folders is one setting run twice: counted in both it would weigh double in
+    every comparison, so it is refused in one line rather than either copy dropped unseen."""
+    seen: dict[str, tuple[Path, Path | None]] = {}  # trial identity -> (its sweep, its trial folder)
+    out = []
+    for d, df in zip(dirs, frames):
+        ids = trial_identities(df)
+        folders = [_folder(v) for v in (df["trial_dir"] if "trial_dir" in df else [None] * len(df))]
+        mine: dict[str, tuple[Path, Path | None]] = {}
+        keep, twice = [], []
+        for ident, folder in zip(ids, folders):
+            if ident is None or ident not in seen:
+                keep.append(True)
+                if ident is not None:
+                    mine.setdefault(ident, (d, folder))
+                continue
+            other, other_folder = seen[ident]
+            keep.append(False)
+            if folder is None or folder != other_folder:
+                twice.append((ident, other))
+        if twice:
+            ident, other = twice[0]
+            more = len({i for i, _ in twice}) - 1
+            raise ReportError(
+                f"trial {ident}{f' (and {more} more)' if more else ''} is in both {other} and {d}, trained in each: "
+                f"reported together it would be counted twice; report them one at a time (SWEEP={other}, then "
+                f"SWEEP={d}), or together only sweeps whose grids share no setting (python -m experiments.compare {other} {d} counts them)")
+        seen.update(mine)
+        out.append(df[keep])
+    return out
+
+
+def _folder(stored) -> Path | None:
+    return Path(stored).resolve() if isinstance(stored, str) and stored else None
 
 
 def size_label(row) -> str:
