@@ -144,9 +144,6 @@ def check_local_start(ray_cfg: dict[str, Any]) -> None:
         except ray_internals.RayInternalsMoved as e:
             raise ConfigError(_loopback_refused(e)) from None
     var, base = ray_temp_base()
-    if not os.path.isdir(base) or not os.access(base, os.W_OK | os.X_OK):
-        raise ConfigError(f"{_named(var, base)} is invalid: it is not a folder this user can write, and the local Ray "
-                          "keeps its sessions there; point it at one (e.g. /tmp)")
     # A head's sockets are <base>/ray/session_<date to the microsecond>_<pid>/sockets/<name>, named
     # in the process that calls ray.init (ray/_private/node.py): this one. plasma_store is the longest.
     session = f"session_0000-00-00_00-00-00_000000_{os.getpid()}"
@@ -157,6 +154,10 @@ def check_local_start(ray_cfg: dict[str, Any]) -> None:
             f"{_named(var, base)} is invalid: it is {size} bytes, which makes Ray's socket paths "
             f"{longest} bytes where a Unix socket path holds at most {SOCKET_PATH_MAX}; set RAY_TMPDIR to a folder "
             f"of at most {size - longest + SOCKET_PATH_MAX} bytes (e.g. /tmp)")
+    existing = next(q for q in (Path(base), *Path(base).absolute().parents) if q.exists())  # Ray makes the rest
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"{_named(var, base)} is invalid: it is not a folder this user can write, and the local Ray "
+                          "keeps its sessions there; point it at one (e.g. /tmp)")
 
 
 def listen_setting(ray_cfg: dict[str, Any]) -> str:

@@ -80,7 +80,7 @@ def check_wandb(wandb_cfg: dict[str, Any]) -> None:
         raise ConfigError(f"wandb.mode={mode} is invalid: must be one of {', '.join(WANDB_MODES)}")
     for key in ("project", "entity"):  # W&B's own rule for the names, which it checks only in wandb.init
         name = wandb_cfg.get(key)
-        if name is None and key == "entity":
+        if name is None:  # entity null: W&B's default; project absent: a caller checking the mode alone
             continue
         bad = sorted({c for c in str(name) if c in WANDB_NAME_FORBIDDEN})
         if not str(name or "").strip() or bad or len(str(name)) > 128:

@@ -151,7 +151,7 @@ def test_a_checkpoint_resumes_under_the_worker_count_that_wrote_it(trial_config,
         if after == 1:  # this process's own error: the line, nothing more
             assert str(e.value) == line
         else:  # each rank raised it (rank 0 read the folder); mp.spawn shows one rank's traceback
-            assert f"RuntimeError: {line}\n" in str(e.value)
+            assert f"ForeignFolder: {line}\n" in str(e.value)
         assert folder.read_trial()["identity"] == trial.identity(before) and folder.read_trial()["workers"] == before
         assert folder.has_checkpoint and folder.metrics.read_bytes() == metrics
     _train(trial, tmp_path / "cut", before)

@@ -68,7 +68,7 @@ def _assert_equivalent(points, full, grid):
     (["+experiment=bf16_check"], 1),  # seed swept: ${seed} in init.seed and train.seed
     # model= swept; a value typed int and float; an interpolation given on the command line
     # (composed with the structure) that reaches ${seed} through a swept value.
-    (["model=nano,micro", "init.gamma=1,1.0", "train.seed=5,6", "init.seed=${train.seed}"], 2),
+    (["model=nano,micro", "init.gamma=1,0.5", "train.seed=5,6", "init.seed=${train.seed}"], 2),
 ])
 def test_every_grid_point_is_the_full_compose_with_one_compose_per_structure(hydra_pair, arguments, structures):
     points, calls, full = hydra_pair

@@ -144,8 +144,8 @@ def test_a_driver_stopped_by_sigterm_prints_the_resume_line_and_exits_143(tmp_pa
         import sys, time
         from sweeper import stop
         stop.install()
-        print("ready", flush=True)
-        try:
+        try:  # "ready" inside the try: the signal may land while print is still returning
+            print("ready", flush=True)
             time.sleep(30)
         except KeyboardInterrupt:
             print(stop.resume_line(), flush=True)
