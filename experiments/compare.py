@@ -18,9 +18,11 @@ import pandas as pd
 
 from core import results_schema as schema
 from core.errors import first_line
-from sweeper import fixed_overrides
 
 from .load import ReportError, trial_identities
+
+# The sweeper writes it (sweeper/fixed_overrides.py); experiments reads files, not the sweeper.
+FIXED_RECORD = "fixed_overrides.json"
 
 
 @dataclass
@@ -43,7 +45,7 @@ def read_folder(path: Path) -> Folder:
     except Exception as e:  # pyarrow raises several types for a damaged file
         raise ReportError(f"{table} cannot be read: {first_line(e)}") from None
     trials = {i for i in trial_identities(df) if i is not None}
-    record = path / fixed_overrides.RECORD
+    record = path / FIXED_RECORD
     if not record.exists():
         return Folder(path, None, [], trials)
     try:
@@ -62,7 +64,7 @@ def compare(a: Folder, b: Folder) -> list[str]:
     lines = [f"A: {a.path}", f"B: {b.path}"]
     if a.fixed is None or b.fixed is None:
         missing = " and ".join(f"{f.path}" for f in (a, b) if f.fixed is None)
-        lines.append(f"fixed overrides: unknown ({missing} has no {fixed_overrides.RECORD}: a folder from before it was recorded)")
+        lines.append(f"fixed overrides: unknown ({missing} has no {FIXED_RECORD}: a folder from before it was recorded)")
     else:
         differ = sorted(k for k in a.fixed.keys() | b.fixed.keys() if a.fixed.get(k) != b.fixed.get(k))
         same = len(a.fixed.keys() & b.fixed.keys()) - len([k for k in differ if k in a.fixed and k in b.fixed])

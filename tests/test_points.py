@@ -133,4 +133,5 @@ def test_show_lists_a_grid_of_10000_points(tmp_path, data_cache):
     listed = [line.split()[1] for line in proc.stdout.splitlines() if line.startswith("#   ")]
     assert len(listed) == len(set(listed)) == 10_000
     assert "# with -m: 10000 trial(s), grid" in proc.stdout
-    assert proc.stdout.rstrip().splitlines()[-1].startswith("# cost of the sweep: 10000 trials, ")
+    tail = proc.stdout.rstrip().splitlines()[-2:]  # the cost line, then --show's time estimate
+    assert tail[0].startswith("# cost of the sweep: 10000 trials, ") and tail[1].startswith("# estimated time: ")
