@@ -8,7 +8,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import sys
@@ -25,8 +24,8 @@ log = logging.getLogger("smallinit")
 def main(cfg: DictConfig) -> float | None:
     from hydra.core.hydra_config import HydraConfig
 
-    from core.errors import ConfigError, first_line
-    from core.trial_dir import TrialDir
+    from core.errors import ConfigError
+    from core.trial_dir import DamagedFile, TrialDir
     from trainer.config import trial_config_from_dict
     from trainer.data_check import check_trials
     from trainer.host_memory import check_switch
@@ -52,18 +51,14 @@ def main(cfg: DictConfig) -> float | None:
     from trainer.loop import ForeignFolder
 
     folder = TrialDir(out_dir)
-    for path in (folder.result_json, folder.trial_json):  # read before training, named if damaged
-        try:
-            json.loads(path.read_text()) if path.exists() else None
-        except (ValueError, OSError) as e:
-            sys.exit(f"error: {path} is damaged ({first_line(e)}): move it aside to train the trial here again, "
-                     "or use another hydra.run.dir")
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     try:  # the same lock a sweep's worker holds: two resumes of one folder never train it together
         with trial_lock(folder.lock):
             result = run_trial(trial, out_dir, reporter=console, prepared=prepared)
     except (TrialBusy, ForeignFolder) as e:
         sys.exit(f"error: hydra.run.dir={out_dir}: {e}")
+    except DamagedFile as e:
+        sys.exit(f"error: {e}: move it aside to train the trial here again, or use another hydra.run.dir")
     if result.final_val_loss is not None:
         print(f"val loss {result.final_val_loss:.4f} (best {result.best_val_loss:.4f}; "
               f"unigram entropy of the val tokens {result.unigram_entropy:.4f}) after {result.tokens:,} tokens")

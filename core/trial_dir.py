@@ -48,16 +48,32 @@ from .files import atomic_write_json
 TRIALS_FOLDER = "trials"  # a sweep folder keeps each trial at trials/<identity>/
 
 
+class DamagedFile(json.JSONDecodeError):
+    """A trial file that is there but cannot be read; the message names it. A JSONDecodeError,
+    so every reader that caught the undecorated error still does."""
+
+    def __init__(self, path: Path, cause: Exception):
+        super().__init__(str(cause).splitlines()[0], getattr(cause, "doc", ""), getattr(cause, "pos", 0))
+        self.path = path
+        self.why = str(cause).splitlines()[0]
+
+    def __str__(self) -> str:
+        return f"{self.path} is damaged ({self.why})"
+
+    def __reduce__(self):  # raised inside Ray workers: it must survive a pickle round trip
+        return DamagedFile, (self.path, ValueError(self.why))
+
+
 def _read_json(path: Path, damaged_ok: bool) -> Any:
     """The file's JSON, None if it is missing (or damaged, with damaged_ok)."""
     try:
         return json.loads(path.read_text())
     except FileNotFoundError:
         return None
-    except (json.JSONDecodeError, UnicodeDecodeError):  # cut off, or not text at all
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:  # cut off, or not text at all
         if damaged_ok:
             return None
-        raise
+        raise DamagedFile(path, e) from e
 
 
 # What the results table reads from result.json (trainer.loop.TrialResult writes them all);

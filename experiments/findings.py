@@ -38,6 +38,7 @@ class Best:
     seeds: int
     runner_up: str | None
     margin: Comparison | None  # runner-up minus best
+    key: str = ""  # the best's `variant` value in the results (`variant` above is its label)
 
     def sentence(self) -> str:
         seeds = "one seed" if self.seeds == 1 else f"mean of {self.seeds} seeds"
@@ -79,7 +80,7 @@ def best_settings(df: pd.DataFrame, metric: str) -> list[Best]:
             runner_up = str(means.index[1])
             margin = compare(g[g["variant"] == runner_up], rows, metric)
             runner_up = label[runner_up]
-        out.append(Best(str(size), label[best], float(means.iloc[0]), int(rows["seed"].nunique()), runner_up, margin))
+        out.append(Best(str(size), label[best], float(means.iloc[0]), int(rows["seed"].nunique()), runner_up, margin, best))
     return out
 
 
@@ -102,8 +103,7 @@ def standard_sentence(df: pd.DataFrame, best: list[Best], metric: str) -> str | 
         standard = g[mask]
         if standard.empty or standard["variant"].nunique() != 1:
             continue
-        labels = {v: v.split(" | ")[0].replace("=", " = ") for v in g["variant"].unique()}  # best_settings' short labels
-        best_rows = g[[v == b.variant or labels[v] == b.variant for v in g["variant"]]]
+        best_rows = g[g["variant"] == b.key]
         if standard["variant"].iloc[0] in set(best_rows["variant"]):
             out.append(f"at {b.size} the standard init (γ = 0.5, ε = 1e-5) is itself the best")
             continue

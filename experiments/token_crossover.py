@@ -95,19 +95,26 @@ def _round(x) -> float:
     return float(f"{float(x):.{LR_DIGITS}g}")
 
 
-def budget_gaps(rows: pd.DataFrame, chosen: dict[str, dict[int, float]], baseline: str, recipe: str) -> list[BudgetGap]:
-    """Per budget, the paired gap on the confirm seeds, each arm at that budget's chosen lr.
+def _side(rows: pd.DataFrame, arm: str, tokens: int, lr: float) -> pd.Series:
+    """seed -> arm's loss at budget `tokens`, from its run at `lr` (that budget's choice)."""
+    at = rows[(rows["arm"] == arm) & (rows["budget_tokens"] == tokens) & (rows["lr"].map(_round) == _round(lr))]
+    return at.groupby("seed")["loss"].mean()
+
+
+def per_seed_gaps(rows: pd.DataFrame, chosen: dict[str, dict[int, float]], baseline: str, recipe: str) -> pd.DataFrame:
+    """seed x budget table of g_s(D), each arm at D's chosen lr (NaN where a side is missing).
     rows: arm, seed, lr, budget_tokens, loss (confirm rows that completed)."""
+    cols = {int(t): _side(rows, recipe, t, chosen[recipe][t]) - _side(rows, baseline, t, chosen[baseline][t])
+            for t in sorted(set(chosen.get(baseline, {})) & set(chosen.get(recipe, {})))}
+    return pd.DataFrame(cols).sort_index()
+
+
+def budget_gaps(rows: pd.DataFrame, chosen: dict[str, dict[int, float]], baseline: str, recipe: str) -> list[BudgetGap]:
+    """Per budget, the paired gap on the confirm seeds, each arm at that budget's chosen lr."""
     out = []
-    rows = rows.assign(_lr=rows["lr"].map(_round))
-    budgets = sorted(set(chosen.get(baseline, {})) & set(chosen.get(recipe, {})))
-    for tokens in budgets:
-        sides = {}
-        for arm in (baseline, recipe):
-            lr = _round(chosen[arm][tokens])
-            at = rows[(rows["arm"] == arm) & (rows["budget_tokens"] == tokens) & (rows["_lr"] == lr)]
-            sides[arm] = at.groupby("seed")["loss"].mean()
-        pair = pd.concat(sides, axis=1, join="inner").dropna()
+    for tokens in sorted(set(chosen.get(baseline, {})) & set(chosen.get(recipe, {}))):
+        pair = pd.concat({arm: _side(rows, arm, tokens, chosen[arm][tokens]) for arm in (baseline, recipe)},
+                         axis=1, join="inner").dropna()
         d = (pair[recipe] - pair[baseline]).to_numpy()
         m, lo, hi = t_interval(d) if len(d) else (float("nan"),) * 3
         p_lo, p_hi = t_pvalues(d) if len(d) else (float("nan"), float("nan"))
@@ -118,19 +125,6 @@ def budget_gaps(rows: pd.DataFrame, chosen: dict[str, dict[int, float]], baselin
             n=len(d), gap=m, lo=lo, hi=hi, p_lower=p_lo, p_higher=p_hi, p_two=_two(p_lo, p_hi),
             p_signflip=signflip_p(d) if len(d) else float("nan")))
     return out
-
-
-def per_seed_gaps(rows: pd.DataFrame, chosen: dict[str, dict[int, float]], baseline: str, recipe: str) -> pd.DataFrame:
-    """seed x budget table of g_s(D), each arm at D's chosen lr (NaN where a side is missing)."""
-    rows = rows.assign(_lr=rows["lr"].map(_round))
-    cols = {}
-    for tokens in sorted(set(chosen.get(baseline, {})) & set(chosen.get(recipe, {}))):
-        side = []
-        for arm in (baseline, recipe):
-            at = rows[(rows["arm"] == arm) & (rows["budget_tokens"] == tokens) & (rows["_lr"] == _round(chosen[arm][tokens]))]
-            side.append(at.groupby("seed")["loss"].mean())
-        cols[int(tokens)] = side[1] - side[0]
-    return pd.DataFrame(cols).sort_index()
 
 
 def _two(p_lower: float, p_higher: float) -> float:

@@ -278,5 +278,5 @@ def test_export_from_a_trial_with_a_damaged_trial_json_is_one_line(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "trainer.export", str(d.path), str(tmp_path / "hf")],
                           cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
-    assert proc.stderr.startswith(f"error: {d.trial_json} is unreadable (") and "restore it" in proc.stderr
+    assert proc.stderr.startswith(f"error: {d.trial_json} is damaged (") and "restore it" in proc.stderr
     assert not (tmp_path / "hf").exists()

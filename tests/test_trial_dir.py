@@ -5,13 +5,14 @@ as, atomic writes, and a table written by the sweeper read back by the report.""
 from __future__ import annotations
 
 import json
+import pickle
 from dataclasses import asdict
 
 import pandas as pd
 import pytest
 
 from core import results_schema as schema
-from core.trial_dir import TrialDir
+from core.trial_dir import DamagedFile, TrialDir
 from model.config import InitConfig, ModelConfig
 from trainer.config import OptimConfig, TrainConfig, TrialConfig
 
@@ -84,9 +85,13 @@ def test_a_truncated_file_raises_unless_damaged_ok(tmp_path, prop):
     finished" and be trained over); tolerant for the results table."""
     d = TrialDir(tmp_path)
     getattr(d, prop).write_text('{"identity": "t", "ste')
-    with pytest.raises(json.JSONDecodeError):
+    with pytest.raises(json.JSONDecodeError) as raised:
         READERS[prop](d)
     assert READERS[prop](d, damaged_ok=True) in (None, [])
+    # The message names the file; the error crosses from a Ray worker to the driver intact.
+    assert str(raised.value).startswith(f"{getattr(d, prop)} is damaged (")
+    again = pickle.loads(pickle.dumps(raised.value))
+    assert type(again) is DamagedFile and str(again) == str(raised.value)
 
 
 def test_a_truncated_sweep_plan_reads_as_empty(tmp_path):

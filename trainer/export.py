@@ -101,8 +101,8 @@ def export(trial_dir: Path, out_dir: Path, tokenizer: Path | None = None) -> Pat
     try:
         record = folder.read_trial()
     except (OSError, ValueError) as e:  # a damaged trial.json: the model's shape cannot be known
-        raise ConfigError(f"{folder.trial_json} is unreadable ({first_line(e)}): restore it (sweep.json in the same "
-                          "folder holds the same config) before exporting") from None
+        raise ConfigError(f"{first_line(e)}: restore it (sweep.json in the same folder holds the same config) "
+                          "before exporting") from None
     if record is None:
         raise ConfigError(f"{folder.path} has no trial.json: is it a trial folder?")
     if not isinstance(record, dict) or not isinstance(record.get("config"), dict):
