@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from sweeper.cluster import OWNER_VAR
 
 from .conftest import CARD, REPO, TINY_SWEEP
@@ -56,6 +58,7 @@ def listening_addresses(pids: list[int]) -> dict[int, list[str]]:
     return out
 
 
+@pytest.mark.slow  # make test stays under 10 min on 2 cores; CI runs it after
 def test_a_local_cluster_listens_on_loopback_only_and_dies_within_seconds_of_a_killed_driver(tmp_path, data_cache):
     args = [*CARD, "train.max_tokens=8192", "train.eval_every=16", "train.probe_every=0", "wandb.mode=disabled",
             "name=lifetime"]

@@ -100,6 +100,7 @@ def test_bad_data_is_one_line_before_ray_and_nothing_is_written(case, tmp_path, 
     assert not (sweep / "optuna.db").exists() and not (sweep / "trials").exists()
 
 
+@pytest.mark.slow  # make test stays under 10 min on 2 cores; CI runs it after
 def test_show_states_the_passes_and_the_refusal(tmp_path, data_cache):
     proc = run_cli(["--show", "-m", "+experiment=gpu/gamma_scan"], cwd=tmp_path,
                    env={"SMALLINIT_CACHE": str(data_cache)}, timeout=300)

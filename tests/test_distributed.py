@@ -129,7 +129,8 @@ def _count(workers: int) -> str:
     return "1 worker" if workers == 1 else f"{workers} workers"
 
 
-@pytest.mark.parametrize(("kind", "before", "after"), [("fsdp", 2, 1), ("ddp", 1, 2), ("ddp", 2, 2)])
+@pytest.mark.parametrize(("kind", "before", "after"), [pytest.param("fsdp", 2, 1, marks=pytest.mark.slow), ("ddp", 1, 2),
+                                                       pytest.param("ddp", 2, 2, marks=pytest.mark.slow)])
 def test_a_checkpoint_resumes_under_the_worker_count_that_wrote_it(trial_config, tmp_path, kind, before, after):
     """A trial stopped at step 12 (checkpoint at 10) by `before` workers ends, resumed under the
     same count, on the losses of an uninterrupted run of that count. Under another count it is

@@ -82,6 +82,7 @@ def test_fsdp_shards_the_state_and_ddp_keeps_it_whole(trial_config):
     assert ddp.activations == fsdp.activations == pytest.approx(alone.activations / 4, rel=0.01)
 
 
+@pytest.mark.slow  # make test stays under 10 min on 2 cores; CI runs it after
 def test_show_prints_the_plan_per_device_and_how_many_fsdp_workers_fit_a_large_preset(tmp_path, data_cache):
     proc = run_cli(["--show", "model=1.5b", "train=gpu", "train.device=cuda"], cwd=tmp_path,
                    env={"SMALLINIT_CACHE": str(data_cache)})

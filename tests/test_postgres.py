@@ -64,6 +64,7 @@ def test_a_password_never_reaches_a_message():
     assert study_mod.redacted("sqlite:////tmp/a.db") == "sqlite:////tmp/a.db"
 
 
+@pytest.mark.slow  # make test stays under 10 min on 2 cores; CI runs it after
 def test_card_grid_on_a_postgres_study_records_each_trial_once_and_the_dashboard_reads_it(tmp_path, data_cache, pg):
     url = pg.create("card")
     proc = sweep(tmp_path, data_cache, *CARD, f"hydra.sweeper.storage={url}", "wandb.mode=disabled", "name=card")

@@ -43,6 +43,7 @@ def test_a_lost_or_damaged_finished_trial_is_named_and_trained_again(tmp_path, d
     assert (bad_meta / "result.json").stat().st_mtime < (garbage / "result.json").stat().st_mtime
 
 
+@pytest.mark.slow  # make test stays under 10 min on 2 cores; CI runs it after
 def test_a_rerun_in_which_every_trial_stays_failed_exits_non_zero_and_says_so(tmp_path, data_cache):
     first = sweep(tmp_path, data_cache, *DIVERGES, "name=allfail")
     assert first.returncode == 1 and table(tmp_path, "allfail")["state"].tolist() == ["FAIL"], first.stderr[-2000:]

@@ -103,6 +103,7 @@ def test_a_wandb_key_never_lands_in_outputs(tmp_path, data_cache):
     assert leaked == []
 
 
+@pytest.mark.slow  # make test stays under 10 min on 2 cores; CI runs it after
 def test_same_study_name_in_two_folders_does_not_mix_trials(tmp_path, data_cache):
     storage = f"sqlite:///{tmp_path / 'team.db'}"
     first = sweep(tmp_path, data_cache, "init.gamma=0.5", f"hydra.sweeper.storage={storage}",
@@ -176,6 +177,7 @@ def _open_at(url: str, start: float, results) -> None:
         results.put(repr(e))
 
 
+@pytest.mark.slow  # make test stays under 10 min on 2 cores; CI runs it after
 def test_sweeps_creating_one_new_sqlite_storage_at_once_all_open_it(tmp_path):
     """Without a retry, 4 openers of a fresh file lose the schema race (`table studies already
     exists`, `UNIQUE constraint failed: alembic_version`) in most rounds."""

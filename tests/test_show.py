@@ -58,6 +58,7 @@ def test_bad_budgets_per_param_are_one_line_errors(trial_config, overrides, mess
     assert "\n" not in str(e.value)
 
 
+@pytest.mark.slow  # make test stays under 10 min on 2 cores; CI runs it after
 def test_gpu_scaling_law_composes_and_shows_its_plan_and_cost(tmp_path, data_cache, compose):
     from sweeper.resources import trial_workers
     from trainer.config import flops_per_token, trial_config_from_dict
@@ -109,6 +110,7 @@ def test_memory_lines_from_the_child_process_equal_those_worked_out_here(trial_c
     assert _memory(trials, runs_on, dead) == here  # a child that died: worked out here instead
 
 
+@pytest.mark.slow  # make test stays under 10 min on 2 cores; CI runs it after
 def test_show_leaves_torch_to_the_child(tmp_path):
     """--show's own process never imports torch (~5 s with the meta-device trace): the points
     are built while a child works out the memory lines."""

@@ -203,6 +203,7 @@ def test_results_columns_are_documented():
         assert f"`{column}`" in readme, column
 
 
+@pytest.mark.slow  # make test stays under 10 min on 2 cores; CI runs it after
 def test_a_sweep_on_your_own_text_with_a_relative_path(tmp_path, data_cache):
     docs = tmp_path / "mytext"
     docs.mkdir()
@@ -222,6 +223,7 @@ def test_a_sweep_on_your_own_text_with_a_relative_path(tmp_path, data_cache):
     assert str(docs / "*.txt") in config
 
 
+@pytest.mark.slow  # make test stays under 10 min on 2 cores; CI runs it after
 def test_a_folder_keeps_its_question_and_new_keys_are_refused(tmp_path, data_cache):
     first = sweep(tmp_path, data_cache, "init.gamma=0.5,1.0", "wandb.mode=disabled", "name=q")
     assert first.returncode == 0, first.stderr[-3000:]
