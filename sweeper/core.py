@@ -36,6 +36,7 @@ from . import protocol, resources, stop
 from .cluster import check_reachable, connect_ray, stop_ray
 from .compose import Composer, check_distinct, validate_sweep
 from .config import SmallinitSweeperConf, check_sweeper_conf
+from .failures import disk_full
 from .lock import hold_driver_lock
 from .plan import plan_sweep
 from .precheck import check_name
@@ -58,6 +59,12 @@ def run_sweep(conf: SmallinitSweeperConf, loader, base: DictConfig, arguments: l
         return _run(conf, loader, base, arguments)
     except ConfigError as e:
         sys.exit(f"error: {e}")
+    except OSError as e:  # the driver's own writes (the results table, the summary) on a full disk
+        if (full := disk_full(e)) is None:
+            raise
+        sys.exit(f"error: no space left on device: {full.filename or 'a file of the sweep'}; the trials that "
+                 "finished are kept in their folders: free some space and rerun the command (it trains "
+                 "only what did not finish and writes the table again)")
 
 
 def _run(conf: SmallinitSweeperConf, loader, base: DictConfig, arguments: list[str]) -> list[dict[str, Any]]:

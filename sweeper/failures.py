@@ -36,6 +36,11 @@ def _chain(e: BaseException) -> Iterator[BaseException]:
         e = e.__cause__ or e.__context__
 
 
+def disk_full(e: BaseException) -> OSError | None:
+    """The full-disk OSError behind e, if that is what e is."""
+    return next((c for c in _chain(e) if isinstance(c, OSError) and c.errno in _DISK_FULL), None)
+
+
 def classify(e: BaseException) -> tuple[str, str]:
     """(kind, reason): the reason a user reads in the results table, one line first."""
     from trainer.loop import TrialDiverged

@@ -172,3 +172,30 @@ def test_a_full_disk_while_the_study_is_created_says_so_not_corrupt(tmp_path):
                                 "free space and rerun the same command)")
     finally:
         subprocess.run(["umount", "-l", str(folder)])
+
+
+def test_a_full_disk_at_the_sweeps_end_is_one_line_and_keeps_the_finished_trials(tmp_path, monkeypatch):
+    """The driver's last writes (the results table) on a full disk: one line saying what is kept
+    and what to do, not pyarrow's 60-line traceback. (Seen for real with the sweep folder on a
+    4300k tmpfs: the trial's model.pt fitted, results.parquet did not.)"""
+    import pandas as pd
+
+    from sweeper import core
+    from sweeper.results import write_table
+
+    folder = tmp_path / "full"
+    if not _mount_tmpfs(folder, "64k"):
+        pytest.skip("mounting a small tmpfs needs root")
+    try:
+        (folder / "fill").write_bytes(b"\0" * 60000)
+        table_rows = pd.DataFrame({"trial_id": range(20000), "loss": [1.5] * 20000})
+        monkeypatch.setattr(core, "_run", lambda *a: write_table(folder, table_rows))
+        with pytest.raises(SystemExit) as stopped:
+            core.run_sweep(None, None, None, [])
+        message = str(stopped.value.code)
+        assert message == (f"error: no space left on device: {folder / 'results.parquet'}; the trials that finished "
+                           "are kept in their folders: free some space and rerun the command (it trains only "
+                           "what did not finish and writes the table again)")
+        assert not (folder / "results.parquet").exists()  # no half-written table left to be read
+    finally:
+        subprocess.run(["umount", "-l", str(folder)])
