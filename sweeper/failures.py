@@ -43,9 +43,11 @@ def disk_full(e: BaseException) -> OSError | None:
 
 def classify(e: BaseException) -> tuple[str, str]:
     """(kind, reason): the reason a user reads in the results table, one line first."""
-    from trainer.loop import TrialDiverged
+    from trainer.loop import FolderRemoved, TrialDiverged
 
     for cause in _chain(e):
+        if isinstance(cause, FolderRemoved):  # the next run trains it again
+            return TRANSIENT, str(cause)
         if isinstance(cause, TrialDiverged | ConfigError):
             return PERMANENT, f"{type(cause).__name__}: {cause}"
         if isinstance(cause, OSError) and cause.errno in _DISK_FULL:

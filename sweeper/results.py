@@ -120,12 +120,15 @@ def _unreadable_settings_row(trial_dir: TrialDir, study_state: dict[str, Any], s
     if not any(p.exists() for p in records[1:]):
         return []
     bad = " and ".join(f"{p.name} is {'missing' if not p.exists() else 'damaged'}" for p in records[:2])
+    failure = trial_dir.read_failure(damaged_ok=True) or {}
+    reason = failure.get("reason") or (
+        f"{bad}: the trial's settings cannot be read, so its result cannot be reported; restore "
+        f"either file, or move {trial_dir.path} aside and rerun the sweep to train the trial again")
     row = schema.new_row({})
     row.update(
         trial_number=study_state.get("number"), identity=trial_dir.identity, trial_identity=trial_dir.identity,
         state=schema.FAIL, role=study_state.get("role"), trial_dir=str(trial_dir.path),
-        fail_reason=f"{bad}: the trial's settings cannot be read, so its result cannot be reported; restore "
-                    f"either file, or move {trial_dir.path} aside and rerun the sweep to train the trial again",
+        fail_reason=reason,  # a failure the trial recorded (its folder removed under it) says it best
     )
     if sweep_dir is not None:
         row["trial_dir"] = schema.to_stored_path(row["trial_dir"], sweep_dir)

@@ -199,3 +199,39 @@ def test_a_full_disk_at_the_sweeps_end_is_one_line_and_keeps_the_finished_trials
         assert not (folder / "results.parquet").exists()  # no half-written table left to be read
     finally:
         subprocess.run(["umount", "-l", str(folder)])
+
+
+@pytest.mark.slow  # ~40 s: a real sweep whose trial folder is removed while it trains
+def test_a_trial_folder_removed_while_it_trains_fails_with_its_reason_and_the_rerun_trains_it(tmp_path, data_cache):
+    """rm -rf of a running trial's folder: the trial stops at its next checkpoint or its end
+    (it must not write a result nobody can read into a folder it recreated), the sweep exits 1
+    with the reason on its row, and the rerun trains the trial again."""
+    import os
+    import sys
+    import time
+
+    from .conftest import REPO, TINY_SWEEP
+
+    args = ["-m", *TINY_SWEEP, "init.gamma=1.0", "train.max_tokens=16384", "train.eval_every=16",
+            "train.ckpt_every=8", "train.probe_every=0", "wandb.mode=disabled", "name=removed"]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "SMALLINIT_CACHE": str(data_cache), "WANDB_API_KEY": ""}
+    driver = subprocess.Popen([sys.executable, str(REPO / "sweep.py"), *args], cwd=tmp_path, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    trials = tmp_path / "sweeps" / "removed" / "trials"
+    deadline, removed = time.time() + 300, None
+    while time.time() < deadline and driver.poll() is None and removed is None:
+        for checkpoint in trials.glob("*/checkpoint.pt"):
+            removed = checkpoint.parent
+            shutil.rmtree(removed)
+        time.sleep(0.2)
+    assert removed is not None, "the trial never checkpointed"
+    out, err = driver.communicate(timeout=600)
+    assert driver.returncode == 1 and "Traceback" not in out + err, err[-3000:]
+    reason = (f"{removed} was removed or replaced while the trial trained (its trial.json is gone): this run's "
+              "work is not kept; rerun the command to train the trial again")
+    assert f"failed (1 trial): {reason}\n" in out
+    df = table(tmp_path, "removed")
+    assert df["state"].tolist() == ["FAIL"] and df["fail_reason"].tolist() == [reason]
+    again = sweep(tmp_path, data_cache, *args[1 + len(TINY_SWEEP):])
+    assert again.returncode == 0 and "1 new" in again.stdout, again.stderr[-3000:]
+    assert table(tmp_path, "removed")["state"].tolist() == ["COMPLETE"]

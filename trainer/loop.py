@@ -44,6 +44,11 @@ class ForeignFolder(RuntimeError):
     """out_dir holds another trial's result or checkpoint: nothing is trained over it."""
 
 
+class FolderRemoved(RuntimeError):
+    """The trial's folder was removed (or emptied) while it trained: what it would write next has
+    no trial.json to belong to, so it stops rather than leave a result nobody can read."""
+
+
 class TrialDiverged(RuntimeError):
     """The loss became NaN or inf; the trial stops instead of burning its budget."""
 
@@ -176,7 +181,13 @@ def run_trial(trial: TrialConfig, out_dir: Path, reporter: Reporter | None = Non
     if dist.is_main:
         folder.probes.mkdir(exist_ok=True)
 
+    def check_folder() -> None:  # every rank raises together, or none does
+        gone = dist.share(_folder_gone(folder, identity) if dist.is_main else None)
+        if gone:
+            raise FolderRemoved(gone)
+
     def checkpoint(step: int) -> None:
+        check_folder()
         dist.save(folder, step_model, optimizer, {
             "identity": identity, "step": step, "best_val_loss": best, "wall_s": prior_wall + time.perf_counter() - t0,
             "train_s": prior_train + timer.elapsed, "budgets_done": sorted(budgets_done),
@@ -320,6 +331,7 @@ def run_trial(trial: TrialConfig, out_dir: Path, reporter: Reporter | None = Non
             if ckpt_due:
                 checkpoint(done)
             fork(done)
+        check_folder()
         whole = dist.full_model(model)
         per_token = task.per_token_losses(whole.eval(), device, autocast) if dist.is_main else {}  # the main run's (largest budget's) model
         if per_token:
@@ -359,6 +371,16 @@ def _not_this_trial(out_dir: Path, what: str, other: str, trial: TrialConfig, wo
     return (f"{out_dir} holds {what} {other}, this trial on {_count(workers)}, not {identity} on "
             f"{_count(world)}: a trial's worker count is part of its identity (docs/sweeps.md); run it "
             f"there on {_count(workers)}, or use another folder")
+
+
+def _folder_gone(folder: TrialDir, identity: str) -> str | None:
+    """Why folder is no longer this trial's (its trial.json removed or replaced), or None."""
+    meta = folder.read_trial(damaged_ok=True)
+    if meta is not None and meta.get("identity") == identity:
+        return None
+    what = "its trial.json is gone" if meta is None else f"its trial.json now names {meta.get('identity')}"
+    return (f"{folder.path} was removed or replaced while the trial trained ({what}): this run's work is not "
+            "kept; rerun the command to train the trial again")
 
 
 def _count(workers: int) -> str:
