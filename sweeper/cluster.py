@@ -262,6 +262,46 @@ def stop_ray() -> None:
     _release_reaper()
 
 
+class ClusterWatch:
+    """Whether the connected cluster still answers: its GCS refusing connections for
+    GONE_AFTER_S in a row (`ray stop` on the head, a head that died). Without this the driver
+    waits on the dead cluster until Ray's core worker gives up and exits 1 (60 s, no results
+    table, a page of Ray's lines)."""
+
+    GONE_AFTER_S = 5.0
+
+    def __init__(self, gcs_address: str):
+        self.address = gcs_address
+        host, _, port = gcs_address.rpartition(":")
+        self.host, self.port = host or "127.0.0.1", int(port)
+        self.failing_since: float | None = None
+
+    @classmethod
+    def of_connected(cls) -> ClusterWatch | None:
+        import ray
+
+        try:
+            return cls(ray.get_runtime_context().gcs_address)
+        except (AttributeError, ValueError):  # an address of another form: not watched
+            return None
+
+    def __call__(self) -> str | None:
+        """Why the cluster counts as gone, or None while it answers (or only briefly did not)."""
+        import socket
+        import time
+
+        try:
+            socket.create_connection((self.host, self.port), timeout=1).close()
+            self.failing_since = None
+            return None
+        except OSError as e:
+            now = time.monotonic()
+            self.failing_since = self.failing_since or now
+            if now - self.failing_since < self.GONE_AFTER_S:
+                return None
+            return f"the Ray cluster at {self.address} stopped answering ({first_line(e)})"
+
+
 def local_ray_lost() -> bool:
     """Whether a process of the local Ray this driver started has ended: a stop signal reached
     Ray's own processes too (a kill of the whole process group or cgroup, as Slurm and systemd

@@ -157,11 +157,13 @@ class _Trials:
         self.ended += outcome.ended
 
     def _record_without_ray(self, plan) -> None:
-        """What the driver's end does, for a stop signal that also ended Ray (stop.py)."""
+        """What the driver's end does, for a stop signal that also ended Ray, or a cluster that
+        stopped answering (stop.py)."""
         from .results import write_results
 
         write_results(plan.sweep_dir, plan.study)
-        print(stop.resume_line(), file=sys.stderr)
+        if stop.received() is not None:
+            print(stop.resume_line(), file=sys.stderr)
         self.lock.release()
 
     @property

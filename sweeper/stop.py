@@ -20,6 +20,8 @@ too, and Tune's stop waits on them until Ray's core worker gives up and exits 1 
 while Tune stops, a watcher polls the local Ray's processes; once one is gone, the sweep is
 recorded from the study and the trial folders (which need no Ray) and the driver exits with
 the signal's status. The reaper (reaper.py) then stops whatever Ray processes are left.
+A cluster that stops answering with no signal here (`ray stop` on a user's head, a head that
+died) is recorded the same way, and the driver exits 1 (cluster.ClusterWatch).
 """
 
 from __future__ import annotations
@@ -88,12 +90,16 @@ def exit_status(status: int) -> int:
 
 
 @contextlib.contextmanager
-def tune_takes_stops(record: Callable[[], None] | None = None, ray_lost: Callable[[], bool] | None = None):
+def tune_takes_stops(record: Callable[[], None] | None = None, ray_lost: Callable[[], bool] | None = None,
+                     cluster_gone: Callable[[], str | None] | None = None):
     """While Tune's loop runs, a stop signal asks Tune to stop cleanly instead of unwinding;
     if the signal stopped Ray too (ray_lost() turns true), record() writes the sweep's results
-    and the driver exits at once."""
+    and the driver exits at once. Without any signal, a cluster that stops answering
+    (cluster_gone() says why) is recorded the same way and the driver exits 1."""
     global _in_tune, _without_ray
     _in_tune, _without_ray = True, (record, ray_lost) if record and ray_lost else None
+    if record and cluster_gone:
+        threading.Thread(target=_finish_if_the_cluster_is_gone, args=(record, cluster_gone), daemon=True).start()
     try:
         yield
     finally:
@@ -129,3 +135,23 @@ def _finish_if_ray_is_lost(record: Callable[[], None], ray_lost: Callable[[], bo
                 sys.stderr.flush()
                 os._exit(exit_status(1))  # the main thread waits on the dead Ray; exit hooks ran in record()
         time.sleep(POLL_S)
+
+
+CLUSTER_POLL_S = 1.0
+
+
+def _finish_if_the_cluster_is_gone(record: Callable[[], None], cluster_gone: Callable[[], str | None]) -> None:
+    """Until Tune's loop ends: once the cluster is gone, record the sweep and exit 1."""
+    while _in_tune:
+        why = cluster_gone()
+        if why is not None and _in_tune and _received is None:  # after a signal, the watcher above decides
+            print(f"error: {why}: recording the sweep without it; rerun the same command once a cluster "
+                  "answers (finished trials are kept, the running ones resume from their checkpoints)",
+                  file=sys.stderr, flush=True)
+            try:
+                record()
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(1)
+        time.sleep(CLUSTER_POLL_S)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import stop
-from .cluster import local_ray_lost, trial_resources, trial_slots
+from .cluster import ClusterWatch, local_ray_lost, trial_resources, trial_slots
 from .config import SmallinitSweeperConf
 from .plan import SweepPlan
 
@@ -81,7 +81,7 @@ def run_trials(conf: SmallinitSweeperConf, ray_cfg: dict[str, Any], plan: SweepP
                                   stop=AbortStopper(), failure_config=tune.FailureConfig(max_failures=conf.max_retries)),
     )
     try:
-        with stop.tune_takes_stops(record_without_ray, local_ray_lost):
+        with stop.tune_takes_stops(record_without_ray, local_ray_lost, ClusterWatch.of_connected()):
             tuner.fit()
     finally:
         progress.close()

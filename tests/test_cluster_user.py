@@ -108,6 +108,51 @@ echo LEFT; ps -e -o pid=,args= | grep -v -e 'ps -e' -e grep -e '^ *1 ' ; echo EN
     assert df["node_id"].nunique() == 2, "one trial per 1-CPU node: both nodes must have run one"
 
 
+
+@pytest.mark.slow  # ~60 s: a user's cluster stopped under a running sweep, then the rerun on a new one
+@pytest.mark.skipif(not namespaces_allowed(), reason="needs `unshare --pid` (root)")
+def test_a_cluster_stopped_under_a_sweep_ends_it_in_seconds_with_its_table_and_the_rerun_resumes(tmp_path, data_cache):
+    ray_tmp = Path(tempfile.mkdtemp(prefix="rc", dir="/tmp"))
+    port, dashboard_port = free_port(), free_port()
+    tiny = " ".join(shlex.quote(a) for a in [*TINY, "init.gamma=0.5", "train.max_tokens=32768",
+                                              "train.ckpt_every=8", "train.probe_every=0", "ray.cpus_per_trial=1"])
+    sweep = f"python {shlex.quote(str(REPO / 'sweep.py'))} -m {tiny} ray.address=auto name=lost"
+    head = f"ray start --head --port={port} --num-cpus=1 --dashboard-port={dashboard_port} --disable-usage-stats"
+    script = f"""
+exec 2>&1
+step() {{ name=$1; shift; echo "BEGIN $name"; "$@"; printf "\\nSTEP %s rc=%d\\n" "$name" $?; }}
+cd {shlex.quote(str(tmp_path))}
+{head} > /dev/null
+(step sweep {sweep}) > sweep.out 2>&1 &
+for i in $(seq 1 600); do ls sweeps/lost/trials/*/checkpoint.pt > /dev/null 2>&1 && break; sleep 0.2; done
+stopped=$(date +%s.%N); ray stop > /dev/null 2>&1; wait
+echo "SECONDS $(python -c "print($(date +%s.%N) - $stopped)")"
+cat sweep.out
+{head} > /dev/null
+step rerun {sweep}
+ray stop > /dev/null 2>&1
+"""
+    env = {**os.environ, "PATH": f"{VENV_BIN}:{os.environ['PATH']}", "PYTHONPATH": str(REPO),
+           "RAY_TMPDIR": str(ray_tmp), "HOME": str(tmp_path), "SMALLINIT_CACHE": str(data_cache)}
+    for var in ("RAY_ADDRESS", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY_AUTH_MODE"):
+        env.pop(var, None)
+    try:
+        output = run_in_own_pid_namespace(script, env, timeout=600)
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+    assert step_codes(output) == {"sweep": 1, "rerun": 0}, output[-4000:]
+    seconds = float(re.search(r"^SECONDS (\S+)$", output, re.M).group(1))
+    assert seconds < 30, f"the driver took {seconds:.0f} s to notice its cluster was gone"  # Ray alone: 60+
+    lost = step_output(output, "sweep")
+    assert "Traceback (most recent call last):\n  File \"" + str(REPO) not in lost  # none of ours
+    assert re.search(r"^error: the Ray cluster at \S+ stopped answering \(.*\): recording the sweep without it; "
+                     r"rerun the same command once a cluster answers", lost, re.M), lost[-3000:]
+    assert "results: " in lost and "(1 interrupted)" in lost
+    assert "1 resume from a checkpoint" in step_output(output, "rerun")
+    df = pd.read_parquet(tmp_path / "sweeps" / "lost" / "results.parquet")
+    assert df["state"].tolist() == ["COMPLETE"]
+
+
 # ---- ray.address=auto finds what ray.init(address="auto") finds, or says where it looked ----
 
 CHECK = """
