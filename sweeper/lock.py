@@ -154,6 +154,28 @@ class DriverLock:
         self.created = []
 
 
+def live_driver(sweep_dir: Path) -> dict | None:
+    """The driver that holds sweep_dir's lock now ({"pid", "host", "since"}, or {} if its file
+    says nothing), None if no live driver does. For other folders only: a process that probes
+    a lock it holds itself drops it when the probe closes (POSIX record locks)."""
+    try:
+        fd = os.open(Path(sweep_dir) / LOCK_FILE, os.O_RDWR)
+    except OSError:
+        return None
+    try:
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            if e.errno in (errno.EACCES, errno.EAGAIN):
+                return _read(fd) or {}
+            holder = _read(fd)  # no record locks on this filesystem: trust the text where it can be checked
+            if holder and not (holder.get("host") == socket.gethostname() and not _alive(holder.get("pid"))):
+                return holder
+        return None
+    finally:
+        os.close(fd)
+
+
 def _read(fd: int) -> dict | None:
     try:
         text = os.pread(fd, 4096, 0).decode()

@@ -17,6 +17,7 @@ from core.trial_dir import TrialDir
 from . import failures, fixed_overrides
 from .compose import Composer
 from .config import SmallinitSweeperConf
+from .lock import live_driver
 from .space import SweepSpace
 from .study import (
     FINISHED,
@@ -102,9 +103,35 @@ def _trials(n: int) -> str:
     return f"{n} trial" if n == 1 else f"{n} trials"
 
 
+def _running_elsewhere(t, sweep_dir: Path) -> str | None:
+    """Where a RUNNING study trial is being trained by another live driver (a study shared
+    between sweep folders), or None if it was left by a driver that is gone: only then is it
+    adopted here. Two drivers finishing one study trial would collide (UpdateFinishedTrialError)."""
+    if t is None or t.state != TrialState.RUNNING or "trial_dir" not in t.user_attrs:
+        return None
+    folder = Path(t.user_attrs["trial_dir"]).parent.parent  # <sweep folder>/trials/<identity>
+    if folder.resolve() == Path(sweep_dir).resolve():
+        return None  # this driver holds that folder's lock: no other driver runs there
+    holder = live_driver(folder)
+    if holder is None:
+        return None
+    return f"{folder} (pid {holder.get('pid')} on {holder.get('host')})"
+
+
+def _say_running_elsewhere(elsewhere: dict[str, str]) -> None:
+    if elsewhere:
+        where = "; ".join(sorted(set(elsewhere.values())))
+        print(f"study: {_trials(len(elsewhere))} of this sweep {'is' if len(elsewhere) == 1 else 'are'} being trained "
+              f"by another sweep's driver ({where}): not trained here; rerun once it ends for the result",
+              flush=True)
+
+
 def _left_to_run(conf, space, study, specs, composer) -> tuple[list[Pending], int, int, int]:
     """(pending, n_new, skipped, total)."""
     known = study.by_identity()
+    elsewhere = {ident: where for ident, t in known.items()
+                 if (where := _running_elsewhere(t, composer.sweep_dir)) is not None}
+    _say_running_elsewhere(elsewhere)
     if space.mode == "grid":
         pending, skipped = [], 0
         for spec in specs:
@@ -112,7 +139,7 @@ def _left_to_run(conf, space, study, specs, composer) -> tuple[list[Pending], in
             folder = TrialDir(spec.out_dir)
             failed = folder.failed or (t is not None and t.state == TrialState.FAIL)
             if folder.finished or (failed and not _retry(conf, folder, t)) or (
-                    not failed and t is not None and t.state in FINISHED):
+                    not failed and t is not None and t.state in FINISHED) or spec.identity in elsewhere:
                 skipped += 1
                 continue
             composer.spec(spec.params, write=True)
@@ -132,7 +159,7 @@ def _left_to_run(conf, space, study, specs, composer) -> tuple[list[Pending], in
     superseded = {t.number for t in trials if t.state == TrialState.FAIL
                   and known.get(t.user_attrs.get("identity"), t).number != t.number}
     finished = [t for t in trials if t.state in FINISHED and t.number not in superseded | retried]
-    interrupted = [t for t in known.values() if t.state == TrialState.RUNNING]
+    interrupted = [t for ident, t in known.items() if t.state == TrialState.RUNNING and ident not in elsewhere]
     pending = [Pending(composer.spec(t.params, write=True), t) for t in interrupted]
     pending += [Pending(composer.spec(t.params, write=True)) for t in [*retry, *lost.values()]]
     n_new = max(0, conf.n_trials - len(finished) - len(pending))

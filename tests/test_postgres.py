@@ -153,3 +153,32 @@ def test_the_dashboard_finds_a_sweeps_sqlite_study_or_says_what_is_missing(tmp_p
         resolve(str(tmp_path / "s"), None)
     (tmp_path / "s" / "optuna.db").touch()
     assert resolve(str(tmp_path / "s"), None) == f"sqlite:///{(tmp_path / 's' / 'optuna.db').resolve()}"
+
+
+@pytest.mark.slow  # ~60 s: a long trial in one driver while a second driver on the same study starts
+def test_a_second_sweep_on_the_study_leaves_a_trial_another_live_driver_trains(tmp_path, data_cache, pg):
+    """Two sweep folders on one study: the second finds the first's trial RUNNING and its driver
+    alive, so it does not adopt it (both drivers would finish one study trial:
+    UpdateFinishedTrialError); the study ends with the trial once, COMPLETE."""
+    from .conftest import TINY_SWEEP
+
+    url = pg.create("shared")
+    args = [*TINY_SWEEP, "init.gamma=0.5", "train.max_tokens=32768", "train.eval_every=16", "train.ckpt_every=8",
+            "train.probe_every=0", "wandb.mode=disabled", f"hydra.sweeper.storage={url}",
+            "hydra.sweeper.study_name=shared"]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "SMALLINIT_CACHE": str(data_cache), "WANDB_API_KEY": ""}
+    first = subprocess.Popen([sys.executable, str(REPO / "sweep.py"), "-m", *args, "name=a"], cwd=tmp_path, env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 300
+    while time.time() < deadline and first.poll() is None and not list(tmp_path.glob("sweeps/a/trials/*/checkpoint.pt")):
+        time.sleep(0.2)
+    assert first.poll() is None, "the first sweep ended before its trial checkpointed"
+    second = sweep(tmp_path, data_cache, *args[len(TINY_SWEEP):], "name=b")
+    out, err = first.communicate(timeout=600)
+    assert first.returncode == 0 and "Traceback" not in out + err, err[-3000:]
+    assert second.returncode == 0 and "Traceback" not in second.stdout + second.stderr, second.stderr[-3000:]
+    assert (f"study: 1 trial of this sweep is being trained by another sweep's driver ({tmp_path / 'sweeps' / 'a'} "
+            f"(pid {first.pid} on ") in second.stdout
+    assert not list(tmp_path.glob("sweeps/b/trials/*/result.json"))  # not trained twice
+    trials = trials_at(url, "shared")
+    assert len(trials) == 1 and trials[0].state == optuna.trial.TrialState.COMPLETE
