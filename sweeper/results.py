@@ -124,7 +124,7 @@ def _unreadable_settings_row(trial_dir: TrialDir, study_state: dict[str, Any], s
     reason = failure.get("reason") or (
         f"{bad}: the trial's settings cannot be read, so its result cannot be reported; restore "
         f"either file, or move {trial_dir.path} aside and rerun the sweep to train the trial again")
-    row = schema.new_row({})
+    row = schema.new_row(study_state.get("params") or {})  # the folder lost them; the study kept them
     row.update(
         trial_number=study_state.get("number"), identity=trial_dir.identity, trial_identity=trial_dir.identity,
         state=schema.FAIL, role=study_state.get("role"), trial_dir=str(trial_dir.path),
@@ -245,7 +245,7 @@ def write_results(sweep_dir: Path, study: Study) -> pd.DataFrame:
     and the best trial."""
     states = {
         ident: {"number": t.number, "state": t.state.name, "fail_reason": t.user_attrs.get("fail_reason"),
-                "trial_dir": t.user_attrs.get("trial_dir"), "role": t.user_attrs.get("role")}
+                "trial_dir": t.user_attrs.get("trial_dir"), "role": t.user_attrs.get("role"), "params": t.params}
         for ident, t in study.by_identity().items()
     }
     df = build_table(sweep_dir, states)

@@ -235,3 +235,14 @@ def test_a_trial_folder_removed_while_it_trains_fails_with_its_reason_and_the_re
     again = sweep(tmp_path, data_cache, *args[1 + len(TINY_SWEEP):])
     assert again.returncode == 0 and "1 new" in again.stdout, again.stderr[-3000:]
     assert table(tmp_path, "removed")["state"].tolist() == ["COMPLETE"]
+
+
+def test_a_row_whose_folder_lost_its_settings_takes_the_swept_values_from_the_study(tmp_path):
+    from core.trial_dir import TrialDir
+    from sweeper.results import build_table
+
+    folder = TrialDir.in_sweep(tmp_path, "0123456789ab")
+    folder.write_failure("the folder was removed while the trial trained", "", failures.TRANSIENT)
+    df = build_table(tmp_path, {"0123456789ab": {"number": 3, "state": "FAIL", "params": {"init.gamma": 1.0}}})
+    assert df["param.init.gamma"].tolist() == [1.0] and df["trial_number"].tolist() == [3]
+    assert df["fail_reason"].tolist() == ["the folder was removed while the trial trained"]
