@@ -243,9 +243,9 @@ class TrialDir:
 
     # ---- placement.json: one entry per attempt ----
 
-    def record_attempt(self, node_id: str | None, hostname: str, pid: int) -> None:
+    def record_attempt(self, node_id: str | None, hostname: str, pid: int, cpu: str | None = None) -> None:
         attempts = self.read_attempts()
-        attempts.append({"node_id": node_id, "hostname": hostname, "pid": pid})
+        attempts.append({"node_id": node_id, "hostname": hostname, "pid": pid, "cpu": cpu})
         atomic_write_json(self.placement_json, attempts)
 
     def read_attempts(self, damaged_ok: bool = False) -> list[dict[str, Any]]:

@@ -330,10 +330,15 @@ def _prefixed(f, prefix: str):
 
 
 def _record_placement(out: TrialDir) -> None:
-    """Which node ran the trial (each attempt appends), for the results table."""
+    """Which node and CPU ran the trial (each attempt appends: a resumed trial may span machines,
+    whose kernels round differently), for the results table."""
     import ray
 
-    out.record_attempt(ray.get_runtime_context().get_node_id(), socket.gethostname(), os.getpid())
+    from core.provenance import CPU_FLAGS, cpu_identity
+
+    model, flags = cpu_identity()
+    cpu = " ".join([model, *(f for f in CPU_FLAGS if f in flags)])
+    out.record_attempt(ray.get_runtime_context().get_node_id(), socket.gethostname(), os.getpid(), cpu)
 
 
 def _as_dict(result) -> dict[str, Any]:

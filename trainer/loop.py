@@ -17,10 +17,12 @@ import math
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
+from core import provenance
 from core.trial_dir import TrialDir, unusable
 from model import Transformer, run_probes
 
@@ -71,6 +73,10 @@ class TrialResult:
     artifacts: dict[str, str] = field(default_factory=dict)
     # With train.budgets: the budget this result is for (result.json: the largest); else None.
     budget_tokens: int | None = None
+    # What made it (core.provenance.record: commit, package versions, CPU model and flags, threads).
+    # One identity on two CPUs is not bit-identical (their kernels round differently) and the
+    # difference grows with the steps, so a result names the machine it came from.
+    made_by: dict[str, Any] | None = None
 
 
 # Dense bf16 peak FLOP/s of common accelerators, for MFU.
@@ -136,6 +142,7 @@ def run_trial(trial: TrialConfig, out_dir: Path, reporter: Reporter | None = Non
         raise ForeignFolder(refused)
     if dist.is_main:
         folder.write_trial(identity, trial.to_dict(), dist.world)
+    made_by = {**provenance.record(), "threads": torch.get_num_threads(), "workers": dist.world} if dist.is_main else None
     device = resolve_device(t.device) if dist.world == 1 else dist.device
     precision = resolve_dtype(device, t.dtype)
     log(f"dtype: {precision.dtype} ({precision.reason})")
@@ -243,7 +250,7 @@ def run_trial(trial: TrialConfig, out_dir: Path, reporter: Reporter | None = Non
             final_val_loss=val, best_val_loss=min(v for v in (best, val) if v is not None) if val is not None else best,
             unigram_entropy=task.unigram_entropy, corpus_tokens=task.corpus_tokens, wall_s=wall, tokens_per_s=tok_s,
             mfu=(tok_s * flops_tok / peak) if peak else None, dtype=precision.dtype, final_metrics=metrics,
-            budget_tokens=branch.tokens,
+            budget_tokens=branch.tokens, made_by=made_by,
         )
         if dist.is_main:
             folder.write_budget_result(branch.tokens, asdict(result))
@@ -352,6 +359,7 @@ def run_trial(trial: TrialConfig, out_dir: Path, reporter: Reporter | None = Non
         wall_s=prior_wall + time.perf_counter() - t0, tokens_per_s=tok_s,
         mfu=(tok_s * flops_tok / peak) if peak else None, dtype=precision.dtype, final_metrics=last,
         artifacts=folder.artifacts(per_token_losses=bool(per_token)) if dist.is_main else {}, budget_tokens=main.tokens if main else None,
+        made_by=made_by,
     )
     if not dist.is_main:
         return result
