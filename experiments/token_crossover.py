@@ -270,6 +270,7 @@ def status(sweep_dir: Path, metric: str = schema.FINAL_VAL_LOSS) -> str:
         body = [[str(arm), f"{lr:g}", *[fmt(v) for v in vals]] for (arm, lr), vals in zip(grid.index, grid.to_numpy())]
         lines += [f"## {role} (seed mean over {seeds}): final validation loss per budget [tokens]", "",
                   table(["arm", "lr", *[f"{int(c):,}" for c in grid.columns]], body), ""]
+    lines += machine_lines(df)
     record = sweep_dir / "protocol.json"
     if record.exists():
         for c in json.loads(record.read_text()).get("choices", []):
@@ -299,8 +300,30 @@ def branch_rows(sweep_dir: Path, metric: str = schema.FINAL_VAL_LOSS) -> pd.Data
                 continue
             rows.append({"trial_identity": folder.identity, "role": role, "param.arm": params.get("arm"),
                          "param.seed": seed, "lr": params.get("optim.lr"), schema.BUDGET_TOKENS: tokens,
-                         metric: branch.get(metric)})
+                         metric: branch.get(metric), "cpu": machine_of(branch)})
     return pd.DataFrame(rows)
+
+
+def machine_of(result: dict) -> str:
+    """The CPU a result was trained on (model and the flags that choose torch's kernels), as its
+    made_by says; "unrecorded" for results written before they named it."""
+    machine = (result.get("made_by") or {}).get("machine") or {}
+    return " ".join([machine["cpu_model"], *machine.get("cpu_flags", [])]) if machine.get("cpu_model") else "unrecorded"
+
+
+def machine_lines(df: pd.DataFrame) -> list[str]:
+    """Which CPUs trained the branches, and how many confirm pairs (seed, budget) span two: one
+    identity on two CPUs is not bit-identical, so such a pair carries that noise too."""
+    lines = ["## trained on", ""]
+    for cpu, trials in df.groupby("cpu")["trial_identity"].nunique().items():
+        lines.append(f"- {cpu}: {trials} trial(s)")
+    confirm = df[df["role"] == "confirm"]
+    if not confirm.empty:
+        pairs = confirm.groupby(["param.seed", schema.BUDGET_TOKENS])["cpu"].agg(
+            lambda c: len(set(c)) > 1 or "unrecorded" in set(c))
+        lines.append(f"- confirm (seed, budget) cells whose runs span CPUs or do not name theirs: "
+                     f"{int(pairs.sum())} of {len(pairs)}")
+    return lines + [""]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -137,6 +137,10 @@ def test_a_per_budget_sweep_chooses_from_the_branches_and_confirms_each_choice(t
     text = status(sweep_dir)
     assert "## tune (seed mean over 100)" in text and "## confirm (seed mean over 1, 2)" in text
     assert text.count("chose 512: ") == 2 and "Decision so far: no crossover estimate" in text
+    from core.provenance import cpu_identity
+
+    assert f"## trained on\n\n- {cpu_identity()[0]}" in text  # every branch names its CPU (made_by)
+    assert "- confirm (seed, budget) cells whose runs span CPUs or do not name theirs: 0 of 4" in text
 
     # The summary names the code, packages and machine that built it, and the table it read.
     import hashlib
