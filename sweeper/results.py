@@ -260,4 +260,7 @@ def write_results(sweep_dir: Path, study: Study) -> pd.DataFrame:
                   for c in df.columns if c.startswith(schema.PARAM_PREFIX)}
         folder = schema.to_local_path(best["trial_dir"], sweep_dir)
         print(f"best: trial {int(best[schema.TRIAL_NUMBER])} {params} val loss {best[schema.FINAL_VAL_LOSS]:.4f} -> {folder}")
+        setting = summary.best_setting_line(done)
+        if setting:
+            print(setting)
     return df

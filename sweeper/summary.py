@@ -48,6 +48,31 @@ def failure_lines(df: pd.DataFrame, sweep_dir: Path) -> list[str]:
     return lines
 
 
+def best_setting_line(done: pd.DataFrame) -> str | None:
+    """With seeds swept (a param named seed or ending in .seed), the setting with the lowest
+    mean loss over its seeds: the trial the driver calls best is one seed's luck, and the report
+    ranks settings by their seed means. None without two or more seeds per setting."""
+    params = [c for c in done.columns if c.startswith(schema.PARAM_PREFIX)]
+    seeds = [c for c in params if c.removeprefix(schema.PARAM_PREFIX).split(".")[-1] == "seed"]
+    setting = [c for c in params if c not in seeds]
+    if not seeds or not setting or done.empty:
+        return None
+    budgets = done[schema.BUDGET_TOKENS] if schema.BUDGET_TOKENS in done else None
+    if budgets is not None and budgets.nunique() > 1:  # a row per budget: rank at the largest
+        done = done[budgets == budgets.max()]
+    groups = done.groupby(setting, dropna=False)[schema.FINAL_VAL_LOSS].agg(["mean", "count"])
+    groups = groups[groups["count"] >= 2]
+    if groups.empty:
+        return None
+    key = groups["mean"].idxmin()
+    values = key if isinstance(key, tuple) else (key,)
+    named = " ".join(f"{c.removeprefix(schema.PARAM_PREFIX)}={v:g}" if isinstance(v, float) else
+                     f"{c.removeprefix(schema.PARAM_PREFIX)}={v}" for c, v in zip(setting, values))
+    row = groups.loc[key]
+    return (f"best setting: {named}, val loss {row['mean']:.4f} (mean of {int(row['count'])} seeds; "
+            "the report gives its interval and the verdict)")
+
+
 def failed_run_message(failed: int, ended: int, results: Path) -> str:
     """The last line when trials of this run failed (the exit status is then 1)."""
     return (f"{failed} of {ended} trials of this run failed (reasons above, under 'failed'; "
