@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
 
 
@@ -21,3 +23,9 @@ def first_line(e: BaseException | str) -> str:
     if text:
         return text.splitlines()[0]
     return type(e).__name__ if isinstance(e, BaseException) else ""
+
+
+def shown(path: Path) -> str:
+    """path relative to the working directory when it is below it, as a user typed it."""
+    rel = os.path.relpath(path)
+    return Path(path).as_posix() if rel.startswith("..") else rel

@@ -21,7 +21,7 @@ from optuna.distributions import BaseDistribution
 from optuna.trial import FrozenTrial, TrialState
 
 from core import results_schema as schema
-from core.errors import ConfigError, first_line
+from core.errors import ConfigError, first_line, shown
 from core.files import disk_full
 
 if TYPE_CHECKING:
@@ -100,9 +100,8 @@ def open_storage(url: str) -> optuna.storages.BaseStorage:
             raise ConfigError(f"no space left on device: {path} (the study could not be written; free space "
                               "and rerun the same command)") from None
         if path is not None and path.is_file():  # the file is at fault, not the setting
-            from .study_rebuild import unreadable_study
-
-            raise ConfigError(unreadable_study(path, reason)) from None
+            raise ConfigError(f"{shown(path)} is not a readable SQLite study: {reason}; move it aside and rerun "
+                              "to rebuild it from the trial folders") from None
         raise ConfigError(
             f"hydra.sweeper.storage={redacted(given)!r} is invalid: {reason} (use sqlite:///path.db or a SQLAlchemy URL such as postgresql://user@host/db)"
         ) from None

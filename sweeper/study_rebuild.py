@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +35,7 @@ from optuna.distributions import (
 )
 from optuna.trial import TrialState
 
+from core.errors import shown
 from core.trial_dir import TRIALS_FOLDER, TrialDir, unusable
 
 from .study import TRIAL_DIR, Study
@@ -182,14 +182,3 @@ def _covering(base: dict[str, BaseDistribution], points: list[dict[str, Any]]) -
             choices = list(dist.choices) if isinstance(dist, CategoricalDistribution) else []
             out[key] = CategoricalDistribution(choices + [v for v in dict.fromkeys(values) if v not in choices])
     return out
-
-
-def shown(path: Path) -> str:
-    """path relative to the working directory when it is below it, as a user typed it."""
-    rel = os.path.relpath(path)
-    return path.as_posix() if rel.startswith("..") else rel
-
-
-def unreadable_study(path: Path, reason: str) -> str:
-    return (f"{shown(path)} is not a readable SQLite study: {reason}; move it aside and rerun to rebuild it "
-            "from the trial folders")

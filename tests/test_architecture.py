@@ -60,3 +60,32 @@ def test_the_walker_sees_lazy_and_private_imports(tmp_path):
     (pkg / "x.py").write_text("def f():\n    from sweeper.core import _private\n")
     found = list(_imports("model", tmp_path))
     assert [(top, names) for _, _, top, names in found] == [("sweeper", ["_private"])]
+
+
+def _module_deps(root: Path = REPO) -> dict[str, set[str]]:
+    """module -> the modules of ours it imports when it runs (lazy imports included; imports
+    under `if TYPE_CHECKING:` left out: they never run)."""
+    deps: dict[str, set[str]] = {}
+    for package in ALLOWED:
+        for path in sorted((root / package).rglob("*.py")):
+            name = ".".join(path.relative_to(root).with_suffix("").parts)
+            tree = ast.parse(path.read_text(), str(path))
+            typing_only = {id(n) for node in ast.walk(tree)
+                           if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+                           for n in ast.walk(node)}
+            found = set()
+            for node in ast.walk(tree):
+                if not isinstance(node, ast.ImportFrom) or id(node) in typing_only:
+                    continue
+                base = name.split(".")[:len(name.split(".")) - node.level] if node.level else []
+                module = ".".join([*base, *(node.module.split(".") if node.module else [])])
+                found |= {module} | {f"{module}.{a.name}" for a in node.names}
+            deps[name] = found
+    return {m: {d for d in ds if d in deps and d != m} for m, ds in deps.items()}
+
+
+def test_no_two_modules_import_each_other():
+    """A circle means neither module can be read, or moved, without the other."""
+    deps = _module_deps()
+    circles = sorted({tuple(sorted((a, b))) for a, ds in deps.items() for b in ds if a in deps[b]})
+    assert not circles, circles
