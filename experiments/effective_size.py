@@ -47,6 +47,7 @@ import pandas as pd
 from scipy import optimize
 
 from core import results_schema as schema
+from core.flops import training_flops_per_token
 
 if TYPE_CHECKING:  # crossover.py imports this module
     from .crossover import Crossing, Crossover
@@ -94,8 +95,9 @@ def non_embedding_params(n_params, d_model, vocab_size: int, tie_embeddings: boo
 
 
 def flops_per_token(n_nonembed, d_model, n_layers, seq_len: int, vocab_size: int):
-    """Training FLOPs per token, PaLM/Chinchilla style: 6 (N + d V) + 12 L d T."""
-    return 6.0 * (np.asarray(n_nonembed) + np.asarray(d_model) * vocab_size) + 12.0 * np.asarray(n_layers) * np.asarray(d_model) * seq_len
+    """Training FLOPs per token (core.flops) from the table's columns: the matmul parameters are
+    the non-embedding ones plus the LM head (d V)."""
+    return training_flops_per_token(np.asarray(n_nonembed) + np.asarray(d_model) * vocab_size, n_layers, d_model, seq_len)
 
 
 def _terms(theta: np.ndarray, x: np.ndarray, y: np.ndarray) -> np.ndarray:

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from core.errors import require
+from core.flops import training_flops_per_token
 from core.plain import plain
 from model.config import (
     AttnConfig,
@@ -311,10 +312,8 @@ def trial_config_from_dict(cfg: Mapping[str, Any]) -> TrialConfig:
 
 
 def flops_per_token(trial: TrialConfig) -> float:
-    """Training FLOPs per token, PaLM's formula (Chowdhery et al. 2022, App. B):
-    6 * N_matmul + 12 * L * d * T, where N_matmul counts parameters used in matmuls by one
-    token (active experts only; the embedding lookup excluded, a tied LM head included)
-    and the second term is attention's score and value products, forward and backward."""
+    """Training FLOPs per token of the trial (core.flops): its matmul parameters are the active
+    ones less the embedding lookup (a tied LM head still counts)."""
     m = trial.model
     n_matmul = m.num_params(active=True) - m.vocab_size * m.d_model * (0 if m.tie_embeddings else 1)
-    return 6.0 * n_matmul + 12.0 * m.n_layers * m.d_model * trial.train.seq_len
+    return float(training_flops_per_token(n_matmul, m.n_layers, m.d_model, trial.train.seq_len))
