@@ -126,15 +126,21 @@ def _finish_if_ray_is_lost(record: Callable[[], None], ray_lost: Callable[[], bo
     """Until Tune's loop ends: once Ray is gone, record the sweep and exit with the signal's status."""
     while _in_tune:
         if ray_lost():
-            print(f"Ray's own processes got the {signal_name()} too: recording the sweep without them",
-                  file=sys.stderr, flush=True)
-            try:
-                record()
-            finally:
-                sys.stdout.flush()
-                sys.stderr.flush()
-                os._exit(exit_status(1))  # the main thread waits on the dead Ray; exit hooks ran in record()
+            _record_and_exit(f"Ray's own processes got the {signal_name()} too: recording the sweep without them",
+                             record, exit_status(1))
         time.sleep(POLL_S)
+
+
+def _record_and_exit(line: str, record: Callable[[], None], status: int) -> None:
+    """Say why, write the sweep's results without Ray, and exit now: the main thread waits on a
+    dead Ray and would not return; record() ran what the exit hooks would (the lock's release)."""
+    print(line, file=sys.stderr, flush=True)
+    try:
+        record()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
 
 
 CLUSTER_POLL_S = 1.0
@@ -145,13 +151,7 @@ def _finish_if_the_cluster_is_gone(record: Callable[[], None], cluster_gone: Cal
     while _in_tune:
         why = cluster_gone()
         if why is not None and _in_tune and _received is None:  # after a signal, the watcher above decides
-            print(f"error: {why}: recording the sweep without it; rerun the same command once a cluster "
-                  "answers (finished trials are kept, the running ones resume from their checkpoints)",
-                  file=sys.stderr, flush=True)
-            try:
-                record()
-            finally:
-                sys.stdout.flush()
-                sys.stderr.flush()
-                os._exit(1)
+            _record_and_exit(f"error: {why}: recording the sweep without it; rerun the same command once a "
+                             "cluster answers (finished trials are kept, the running ones resume from their "
+                             "checkpoints)", record, 1)
         time.sleep(CLUSTER_POLL_S)
