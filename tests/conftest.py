@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-CONF = REPO / "conf"
+CONF = REPO / "src" / "smallinit" / "conf"
 
 # Tiny but real: the bundled bilingual corpus, the nano model, a few optimizer steps.
 TINY = [
@@ -40,8 +40,8 @@ def data_cache(tmp_path_factory) -> Path:
     Set SMALLINIT_TEST_CACHE to reuse a cache between local test runs."""
     path = Path(os.environ.get("SMALLINIT_TEST_CACHE") or tmp_path_factory.mktemp("smallinit-cache"))
     os.environ["SMALLINIT_CACHE"] = str(path)
-    from trainer.data import prepare
-    from trainer.data_config import BilingualData
+    from smallinit.trainer.data import prepare
+    from smallinit.trainer.data_config import BilingualData
 
     prepare(BilingualData(cache_dir=str(path)), log=lambda *_: None)
     return path
@@ -65,14 +65,14 @@ def compose(data_cache):
 @pytest.fixture
 def trial_config(compose):
     """trial_config(*overrides) -> a validated TrialConfig of the tiny setting."""
-    from trainer.config import trial_config_from_dict
+    from smallinit.trainer.config import trial_config_from_dict
 
     return lambda *overrides: trial_config_from_dict(compose(*overrides))
 
 
 def run_cli(args: list[str], cwd: Path, timeout: float = 600, env: dict | None = None):
     """Run `python sweep.py ARGS` as a user would, from cwd, and return the CompletedProcess."""
-    full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
+    full_env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.join(REPO, "src"), str(REPO)]), **(env or {})}
     return subprocess.run([sys.executable, str(REPO / "sweep.py"), *args], cwd=cwd, env=full_env,
                           capture_output=True, text=True, timeout=timeout)
 
@@ -98,7 +98,7 @@ def tiny_sweep(tmp_path_factory, data_cache) -> Path:
 @pytest.fixture(scope="session")
 def empty_study_db(tmp_path_factory) -> Path:
     """An empty Optuna database, created once: its schema takes seconds to write on 2 cores."""
-    from sweeper.study import default_storage_url, open_storage
+    from smallinit.sweeper.study import default_storage_url, open_storage
 
     folder = tmp_path_factory.mktemp("empty-study")
     open_storage(default_storage_url(folder)).engine.dispose()
@@ -151,7 +151,7 @@ def table(tmp_path, name: str):
 def kill_driver_mid_sweep(tmp_path, data_cache, args) -> dict[str, float]:
     """Start `sweep.py -m ARGS`, kill -9 its whole process group once two trials finished;
     return those trials' result.json mtimes."""
-    env = {**os.environ, "PYTHONPATH": str(REPO), "SMALLINIT_CACHE": str(data_cache)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.join(REPO, "src"), str(REPO)]), "SMALLINIT_CACHE": str(data_cache)}
     driver = subprocess.Popen([sys.executable, str(REPO / "sweep.py"), "-m", *TINY_SWEEP, *args], cwd=tmp_path,
                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     sweep_dir = tmp_path / "sweeps" / "killed"
@@ -194,8 +194,8 @@ WIDTHS = "64,128,256"
 
 
 def report_cli(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "experiments.report", *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(REPO)})
+    return subprocess.run([sys.executable, "-m", "smallinit.experiments.report", *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=600, env={**os.environ, "PYTHONPATH": os.pathsep.join([os.path.join(REPO, "src"), str(REPO)])})
 
 
 # ---- experiments: composed with their Hydra sweeper config, expanded into trials
@@ -211,7 +211,7 @@ def compose_with_hydra(overrides):
 def trial_of(experiment, *overrides):
     from omegaconf import OmegaConf
 
-    from trainer.config import trial_config_from_dict
+    from smallinit.trainer.config import trial_config_from_dict
 
     container = OmegaConf.to_container(compose_with_hydra([f"+experiment={experiment}", *overrides]), resolve=False)
     container.pop("hydra")
@@ -221,7 +221,7 @@ def trial_of(experiment, *overrides):
 def grid_trials(experiment):
     from omegaconf import OmegaConf
 
-    from sweeper.space import parse_sweep
+    from smallinit.sweeper.space import parse_sweep
 
     base = compose_with_hydra([f"+experiment={experiment}"])
     params = OmegaConf.to_container(base.hydra.sweeper.params)
@@ -233,7 +233,7 @@ def grid_trials(experiment):
 
 def tiny_cfg(gamma: float = 0.5, seed: int = 0, **kw):
     """gamma = 0.5 by default so attention scores and gates are far from trivial."""
-    from model import InitConfig, ModelConfig
+    from smallinit.model import InitConfig, ModelConfig
 
     base = dict(
         d_model=64,

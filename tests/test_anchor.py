@@ -7,8 +7,8 @@ from collections import Counter
 import pytest
 import torch
 
-from model.config import ConfigError
-from trainer.anchor_task import AnchorData, evaluate, make_dataset
+from smallinit.model.config import ConfigError
+from smallinit.trainer.anchor_task import AnchorData, evaluate, make_dataset
 
 # The recipe written out independently of trainer.anchor_task: anchors 1-4 shift by +5, +1, -2,
 # -8; a pair's label shift is the sum, except (3, 4) which is trained as -6.

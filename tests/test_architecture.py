@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+SRC = REPO / "src"  # src/smallinit/<package>, and src/hydra_plugins
 
 # package -> the packages it may import (besides itself). core is the ground floor; experiments
 # reads what the sweeper wrote through core's schema, so it needs neither trainer nor sweeper.
@@ -23,16 +24,30 @@ ALLOWED = {
 }
 
 
-def _imports(package: str, root: Path = REPO):
+def _home(package: str) -> Path:
+    """The folder holding a package: src/smallinit/, or src/ for Hydra's hydra_plugins namespace."""
+    return SRC if package == "hydra_plugins" else SRC / "smallinit"
+
+
+def _top(module: str) -> str:
+    """The package a module is in: smallinit.trainer.loop -> trainer (hydra_plugins.x -> hydra_plugins)."""
+    parts = module.split(".")
+    return parts[1] if parts[0] == "smallinit" and len(parts) > 1 else parts[0]
+
+
+def _imports(package: str, root: Path | None = None):
     """(file, line, imported top-level package, imported names) for every import in package,
     those inside functions included (a lazy import is still a dependency)."""
-    for path in sorted((root / package).rglob("*.py")):
+    for path in sorted(((_home(package) if root is None else root) / package).rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.Import):
                 for a in node.names:
-                    yield path, node.lineno, a.name.split(".")[0], []
+                    yield path, node.lineno, _top(a.name), []
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module == "smallinit":
+                for a in node.names:  # from smallinit import trainer: the package by name
+                    yield path, node.lineno, a.name, []
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                yield path, node.lineno, node.module.split(".")[0], [a.name for a in node.names]
+                yield path, node.lineno, _top(node.module), [a.name for a in node.names]
 
 
 @pytest.mark.parametrize("package", list(ALLOWED))
@@ -57,7 +72,7 @@ def test_the_walker_sees_lazy_and_private_imports(tmp_path):
     # The walker sees a lazy, upward import; without this the tests above could pass vacuously.
     pkg = tmp_path / "model"
     pkg.mkdir()
-    (pkg / "x.py").write_text("def f():\n    from sweeper.core import _private\n")
+    (pkg / "x.py").write_text("def f():\n    from smallinit.sweeper.core import _private\n")
     found = list(_imports("model", tmp_path))
     assert [(top, names) for _, _, top, names in found] == [("sweeper", ["_private"])]
 

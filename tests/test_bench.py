@@ -1,4 +1,4 @@
-"""`python -m bench --tiny` runs and writes well-formed results, each entry with its provenance,
+"""`python -m smallinit.bench --tiny` runs and writes well-formed results, each entry with its provenance,
 and docs/benchmarks.md is what the committed results give. Not timed: CI machines are too noisy
 for assertions on speed; the figures themselves come from `make bench`."""
 
@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from bench import BENCHMARKS
-from bench import doc as bench_doc
-from bench.common import TINY, median, rotate, timed_calls
-from bench.report import BEFORE_PROVENANCE
-from bench.sweep_bench import _fit
-from core.provenance import CPU_FLAGS
+from smallinit.bench import BENCHMARKS
+from smallinit.bench import doc as bench_doc
+from smallinit.bench.common import TINY, median, rotate, timed_calls
+from smallinit.bench.report import BEFORE_PROVENANCE
+from smallinit.bench.sweep_bench import _fit
+from smallinit.core.provenance import CPU_FLAGS
 
 from .conftest import REPO
 
@@ -28,8 +28,8 @@ from .conftest import REPO
 @pytest.fixture(scope="module")
 def tiny_results(data_cache, tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
-    env = {**os.environ, "PYTHONPATH": str(REPO), "SMALLINIT_CACHE": str(data_cache), "WANDB_API_KEY": ""}
-    proc = subprocess.run([sys.executable, "-m", "bench", "--tiny", "--out", str(out)], cwd=REPO, env=env,
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.join(REPO, "src"), str(REPO)]), "SMALLINIT_CACHE": str(data_cache), "WANDB_API_KEY": ""}
+    proc = subprocess.run([sys.executable, "-m", "smallinit.bench", "--tiny", "--out", str(out)], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return out, json.loads((out / "results.json").read_text()), proc.stdout
@@ -157,7 +157,7 @@ def test_every_entry_records_its_commit_date_machine_and_cpu_flags(tiny_results)
 @pytest.mark.slow
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="gpu_mfu would run for real here")
 def test_only_writes_a_whole_file_of_its_own_run(tiny_results, tmp_path):
-    from bench.__main__ import main
+    from smallinit.bench.__main__ import main
 
     out, before, _ = tiny_results
     assert main(["--tiny", "--only", "gpu_mfu", "--out", str(tmp_path)]) == 0
@@ -196,7 +196,7 @@ def test_dp_scaling_times_the_same_trial_on_two_workers_and_on_one(tiny_results)
 
 
 def test_a_benchmark_missing_from_the_record_renders_as_not_measured():
-    from bench.report import NOT_MEASURED
+    from smallinit.bench.report import NOT_MEASURED
 
     results = json.loads(bench_doc.RESULTS.read_text())
     results["benchmarks"].pop("dp_scaling", None)
@@ -207,7 +207,7 @@ def test_a_benchmark_missing_from_the_record_renders_as_not_measured():
 
 @pytest.mark.parametrize("args", [["--tiny"], ["--only", "gpu_mfu"], ["--tiny", "--only", "data_prep", "--out", str(REPO / "bench")]])
 def test_a_part_or_a_tiny_run_is_refused_in_the_record_folder(args, capsys):
-    from bench.__main__ import main
+    from smallinit.bench.__main__ import main
 
     record = REPO / "bench" / "results.json"
     before = record.read_bytes()
@@ -226,7 +226,7 @@ def test_benchmarks_doc_is_what_the_committed_results_give():
 def test_benchmarks_doc_prose_quotes_no_measured_figure():
     """Figures live in the generated tables: the hand-written prose may name a run's settings
     (the trial counts, the matmul's side) but no measurement, so none can go stale."""
-    from experiments.results_doc import stray
+    from smallinit.experiments.results_doc import stray
 
     doc = bench_doc.DOC.read_text()
     results = json.loads(bench_doc.RESULTS.read_text())
@@ -252,7 +252,7 @@ def test_benchmarks_doc_marks_entries_without_provenance_and_renders_a_new_run(t
 
 
 def test_the_make_sweep_point_times_the_makefiles_grid():
-    from bench.common import FULL
+    from smallinit.bench.common import FULL
 
     grid = re.search(r"^SWEEP_GRID \?= (.*)$", (REPO / "Makefile").read_text(), re.M).group(1).split()
     assert list(FULL.make_sweep_grid) == grid and not FULL.make_sweep_overrides

@@ -14,12 +14,12 @@ import time
 import pandas as pd
 import pytest
 
-from core import results_schema as schema
-from core.trial_dir import TrialDir
-from model import ConfigError
-from trainer.config import OptimConfig
-from trainer.loop import run_trial
-from trainer.schedule import Branch, branch_lr_at, budget_branches, lr_at
+from smallinit.core import results_schema as schema
+from smallinit.core.trial_dir import TrialDir
+from smallinit.model import ConfigError
+from smallinit.trainer.config import OptimConfig
+from smallinit.trainer.loop import run_trial
+from smallinit.trainer.schedule import Branch, branch_lr_at, budget_branches, lr_at
 
 from .conftest import REPO, TINY, sweep
 
@@ -162,7 +162,7 @@ def test_kill_9_after_a_branch_resumes_without_training_it_again(trial_config, d
     there; the resumed run trains the other budgets only and ends where a straight run does.
     (About 100 s on 2 shared cores: a CLI start, a kill, a resume and a straight run.)"""
     overrides = ["optim.schedule=wsd", "train.budgets=[1280,6400]"]  # forks at steps 8 and 40, 50 steps
-    env = {**os.environ, "PYTHONPATH": str(REPO), "SMALLINIT_CACHE": str(data_cache)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.join(REPO, "src"), str(REPO)]), "SMALLINIT_CACHE": str(data_cache)}
     proc = subprocess.Popen([sys.executable, str(REPO / "sweep.py"), *TINY, *overrides, "hydra.run.dir=run"],
                             cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             start_new_session=True)
@@ -190,8 +190,8 @@ def test_kill_9_after_a_branch_resumes_without_training_it_again(trial_config, d
 
 
 def test_the_results_table_has_a_row_per_budget(trial_config, tmp_path):
-    from experiments.load import load
-    from sweeper.results import build_table, write_table
+    from smallinit.experiments.load import load
+    from smallinit.sweeper.results import build_table, write_table
 
     done = trial_config(*BUDGETS)
     half = trial_config(*BUDGETS, "train.seed=1")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from sweeper.cluster import OWNER_VAR
+from smallinit.sweeper.cluster import OWNER_VAR
 
 from .conftest import CARD, REPO, TINY_SWEEP
 
@@ -62,7 +62,7 @@ def listening_addresses(pids: list[int]) -> dict[int, list[str]]:
 def test_a_local_cluster_listens_on_loopback_only_and_dies_within_seconds_of_a_killed_driver(tmp_path, data_cache):
     args = [*CARD, "train.max_tokens=8192", "train.eval_every=16", "train.probe_every=0", "wandb.mode=disabled",
             "name=lifetime"]
-    env = {**os.environ, "PYTHONPATH": str(REPO), "SMALLINIT_CACHE": str(data_cache)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.join(REPO, "src"), str(REPO)]), "SMALLINIT_CACHE": str(data_cache)}
     driver = subprocess.Popen([sys.executable, str(REPO / "sweep.py"), "-m", *TINY_SWEEP, *args], cwd=tmp_path,
                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:

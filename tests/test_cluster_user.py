@@ -82,7 +82,7 @@ step no_auth_mode env -u RAY_AUTH_MODE {sweep} ray.address=$(cat "$RAY_TMPDIR/ra
 step stop ray stop
 echo LEFT; ps -e -o pid=,args= | grep -v -e 'ps -e' -e grep -e '^ *1 ' ; echo END
 """
-    env = {**os.environ, "PATH": f"{VENV_BIN}:{os.environ['PATH']}", "PYTHONPATH": str(REPO),
+    env = {**os.environ, "PATH": f"{VENV_BIN}:{os.environ['PATH']}", "PYTHONPATH": os.pathsep.join([os.path.join(REPO, "src"), str(REPO)]),
            "RAY_TMPDIR": str(ray_tmp), "HOME": str(home), "SMALLINIT_CACHE": str(data_cache)}
     for var in ("RAY_ADDRESS", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):  # only the recipe's own settings
         env.pop(var, None)
@@ -132,7 +132,7 @@ cat sweep.out
 step rerun {sweep}
 ray stop > /dev/null 2>&1
 """
-    env = {**os.environ, "PATH": f"{VENV_BIN}:{os.environ['PATH']}", "PYTHONPATH": str(REPO),
+    env = {**os.environ, "PATH": f"{VENV_BIN}:{os.environ['PATH']}", "PYTHONPATH": os.pathsep.join([os.path.join(REPO, "src"), str(REPO)]),
            "RAY_TMPDIR": str(ray_tmp), "HOME": str(tmp_path), "SMALLINIT_CACHE": str(data_cache)}
     for var in ("RAY_ADDRESS", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY_AUTH_MODE"):
         env.pop(var, None)
@@ -157,8 +157,8 @@ ray stop > /dev/null 2>&1
 
 CHECK = """
 import socket, sys, threading
-from core.errors import ConfigError
-from sweeper.cluster import check_reachable
+from smallinit.core.errors import ConfigError
+from smallinit.sweeper.cluster import check_reachable
 listener = socket.create_server(("0.0.0.0", 0))  # Ray swaps 127.0.0.1 for the node IP
 def answer_as_grpc():  # an HTTP/2 SETTINGS frame, as a GCS answers the probe (cluster._grpc_answer)
     while True:
@@ -188,7 +188,7 @@ def check_in_own_pid_namespace(address: str, ray_tmpdir: Path, file: str = "",
     and a closed one."""
     (ray_tmpdir / "ray").mkdir()
     full_env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    full_env.update({"PYTHONPATH": str(REPO), "RAY_TMPDIR": str(ray_tmpdir), **(env or {})})
+    full_env.update({"PYTHONPATH": os.pathsep.join([os.path.join(REPO, "src"), str(REPO)]), "RAY_TMPDIR": str(ray_tmpdir), **(env or {})})
     proc = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", sys.executable, "-c", CHECK,
                            address, file, str(ray_tmpdir / "ray" / "ray_current_cluster")],
                           env=full_env, capture_output=True, text=True, timeout=120)
@@ -227,8 +227,8 @@ def test_auto_takes_ray_address_first(tmp_path):
 
 
 def test_ray_client_addresses_are_refused_in_one_line():
-    from core.errors import ConfigError
-    from sweeper.cluster import check_reachable
+    from smallinit.core.errors import ConfigError
+    from smallinit.sweeper.cluster import check_reachable
 
     with pytest.raises(ConfigError) as err:
         check_reachable("ray://head:10001")
@@ -238,8 +238,8 @@ def test_ray_client_addresses_are_refused_in_one_line():
 
 
 LOCAL = """
-from sweeper import ray_internals
-from sweeper.cluster import connect_ray, stop_ray
+from smallinit.sweeper import ray_internals
+from smallinit.sweeper.cluster import connect_ray, stop_ray
 assert connect_ray({"num_cpus": 1})
 print("HEAD", bool(ray_internals.local_monitor_processes()))
 stop_ray()
@@ -254,7 +254,7 @@ def test_a_local_sweep_starts_its_own_ray_beside_a_user_started_cluster():
     try:
         (ray_tmp / "ray").mkdir()
         (ray_tmp / "ray" / "ray_current_cluster").write_text("127.0.0.1:1")
-        env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_TMPDIR": str(ray_tmp), "RAY_ADDRESS": "127.0.0.1:1"}
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.join(REPO, "src"), str(REPO)]), "RAY_TMPDIR": str(ray_tmp), "RAY_ADDRESS": "127.0.0.1:1"}
         proc = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", sys.executable, "-c",
                                LOCAL], env=env, capture_output=True, text=True, timeout=300)
     finally:

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from bench.cpu_account import CpuAccount, descendants, role
+from smallinit.bench.cpu_account import CpuAccount, descendants, role
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 

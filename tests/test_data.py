@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from model.config import ConfigError
-from trainer import corpus
-from trainer.data import (
+from smallinit.model.config import ConfigError
+from smallinit.trainer import corpus
+from smallinit.trainer.data import (
     TrainBatches,
     cache_damage,
     cache_path_for,
@@ -22,7 +22,7 @@ from trainer.data import (
     unigram_entropy,
     val_batches,
 )
-from trainer.data_config import BilingualData, TextData, TokensData, data_config_from_dict
+from smallinit.trainer.data_config import BilingualData, TextData, TokensData, data_config_from_dict
 
 
 @pytest.fixture(scope="session")
@@ -271,7 +271,7 @@ def test_bad_text_and_token_files(tmp_path):
 
 def test_concurrent_prepare_keeps_the_winner(tmp_path, monkeypatch):
     """A process that finishes second discards its copy and uses the first one's."""
-    import trainer.data as data_mod
+    import smallinit.trainer.data as data_mod
 
     (tmp_path / "a.txt").write_text("one\n\ntwo\n\nthree\n\nfour\n", encoding="utf-8")
     cfg = TextData(paths=(str(tmp_path / "a.txt"),), vocab_size=260,

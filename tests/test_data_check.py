@@ -10,9 +10,9 @@ import json
 import numpy as np
 import pytest
 
-from core.errors import ConfigError
-from trainer import make_shards
-from trainer.data_check import check_trials
+from smallinit.core.errors import ConfigError
+from smallinit.trainer import make_shards
+from smallinit.trainer.data_check import check_trials
 
 from .conftest import TINY, run_cli
 
@@ -37,7 +37,7 @@ def test_the_budget_may_take_at_most_max_epochs_passes(trial_config, token_files
         check_trials([trial], log=lambda _: None)
     assert str(e.value).startswith("train.max_epochs=4 is invalid for this budget: 51,328 tokens per trial "
                                    "is 4.0 passes over the 12,800 training tokens of data=tokens")
-    assert "python -m trainer.make_shards" in str(e.value)
+    assert "python -m smallinit.trainer.make_shards" in str(e.value)
 
 
 def test_max_epochs_is_a_guard_not_part_of_the_identity(trial_config, token_files):
@@ -113,7 +113,7 @@ def test_show_states_the_passes_and_the_refusal(tmp_path, data_cache):
 
 def _text_folder(root):
     """(folder, documents): 60 chapters of the King James Bible, 30 in a .txt, 30 as .jsonl."""
-    from trainer.corpus import bundled_files, read_kjv
+    from smallinit.trainer.corpus import bundled_files, read_kjv
 
     docs = [d.text for d in read_kjv(bundled_files()["kjv"])[:60]]
     folder = root / "text"

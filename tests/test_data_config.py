@@ -8,10 +8,10 @@ import pickle
 import numpy as np
 import pytest
 
-from core.errors import ConfigError
-from trainer.anchor_task import VOCAB_SIZE, AnchorData
-from trainer.config import trial_config_from_dict
-from trainer.data_config import BilingualData, TextData, TokensData, data_config_from_dict
+from smallinit.core.errors import ConfigError
+from smallinit.trainer.anchor_task import VOCAB_SIZE, AnchorData
+from smallinit.trainer.config import trial_config_from_dict
+from smallinit.trainer.data_config import BilingualData, TextData, TokensData, data_config_from_dict
 
 
 @pytest.fixture

@@ -17,10 +17,10 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from core.errors import ConfigError
-from core.trial_dir import TrialDir
-from trainer.distributed import check_split
-from trainer.loop import run_trial
+from smallinit.core.errors import ConfigError
+from smallinit.core.trial_dir import TrialDir
+from smallinit.trainer.distributed import check_split
+from smallinit.trainer.loop import run_trial
 
 from .conftest import TINY
 
@@ -57,7 +57,7 @@ def _rank(rank: int, world: int, port: int, kind: str, trial, out_dir: str, stop
     """One rank of a 2-process trial (torch.multiprocessing's entry point)."""
     import torch.distributed as dist
 
-    from trainer.distributed import Parallel
+    from smallinit.trainer.distributed import Parallel
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
@@ -168,7 +168,7 @@ def test_a_checkpoint_resumes_under_the_worker_count_that_wrote_it(trial_config,
 def test_a_dead_worker_is_the_environments_fault():
     import ray.exceptions
 
-    from sweeper import failures
+    from smallinit.sweeper import failures
 
     assert failures.classify(ray.exceptions.ActorDiedError())[0] == failures.TRANSIENT
 

@@ -21,9 +21,9 @@ import pandas as pd
 import pytest
 import torch
 
-from core.trial_dir import TrialDir
-from trainer.checkpoint import SCALARS, commit_sharded, read_sharded
-from trainer.loop import run_trial
+from smallinit.core.trial_dir import TrialDir
+from smallinit.trainer.checkpoint import SCALARS, commit_sharded, read_sharded
+from smallinit.trainer.loop import run_trial
 
 from .conftest import REPO, TINY
 
@@ -143,7 +143,7 @@ def test_a_worker_killed_mid_trial_resumes_from_the_sharded_checkpoint(tmp_path,
     are those of the same settings trained by one process without a kill (24 steps: before they part)."""
     args = [sys.executable, str(REPO / "sweep.py"), "-m", *TINY, *KILL_STEPS, "ray.num_cpus=2", "ray.workers_per_trial=2",
             "hydra.sweeper.asha.enabled=false", "name=kill"]
-    env = {**os.environ, "PYTHONPATH": str(REPO), "SMALLINIT_CACHE": str(data_cache)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.join(REPO, "src"), str(REPO)]), "SMALLINIT_CACHE": str(data_cache)}
     sweep_dir = tmp_path / "sweeps" / "kill"
     driver = subprocess.Popen(args, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline, pid = time.time() + 300, None

@@ -28,7 +28,7 @@ SLOW = ["train.max_tokens=8192", "train.eval_every=16", "train.probe_every=0", "
 
 
 def start(tmp_path, data_cache, *args) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "SMALLINIT_CACHE": str(data_cache), "WANDB_API_KEY": ""}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.join(REPO, "src"), str(REPO)]), "SMALLINIT_CACHE": str(data_cache), "WANDB_API_KEY": ""}
     return subprocess.Popen([sys.executable, str(REPO / "sweep.py"), "-m", *TINY_SWEEP, *args], cwd=tmp_path, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
 
@@ -201,8 +201,8 @@ NAMES = [("gpu_gamma_scan", True), ("lr=1e-3,wd=0.1+gate", True), ("v1.2-b", Tru
 
 @pytest.mark.parametrize("name, ok", NAMES, ids=[repr(n)[:20] for n, _ in NAMES])
 def test_name_is_one_safe_folder_name(name, ok):
-    from core.errors import ConfigError
-    from sweeper.precheck import check_name
+    from smallinit.core.errors import ConfigError
+    from smallinit.sweeper.precheck import check_name
 
     if ok:
         check_name(name)

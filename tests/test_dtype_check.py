@@ -3,8 +3,8 @@
 import pandas as pd
 import pytest
 
-from experiments.dtype_check import dtype_gap, main
-from experiments.load import ReportError
+from smallinit.experiments.dtype_check import dtype_gap, main
+from smallinit.experiments.load import ReportError
 
 
 def frame(fp32, bf16, seeds=(0, 1, 2), bf16_seeds=None):

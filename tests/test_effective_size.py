@@ -10,16 +10,16 @@ import pandas as pd
 import pytest
 import torch
 
-from experiments.crossover import crossover, paying_budget, preset_width
-from experiments.effective_size import (
+from smallinit.experiments.crossover import crossover, paying_budget, preset_width
+from smallinit.experiments.effective_size import (
     effective_size,
     fit_law,
     flops_per_token,
     non_embedding_params,
     summary_dict,
 )
-from model import AttnConfig, ModelConfig, Transformer
-from model.config import llama_d_ff
+from smallinit.model import AttnConfig, ModelConfig, Transformer
+from smallinit.model.config import llama_d_ff
 
 CPU = dict(widths=(128, 192, 256, 384), n_layers=4, head=64, vocab=4096, seq_len=128)
 # Shapes where 6N dominates the FLOPs (head and attention < 1%), so 2x N is 2x compute.
@@ -230,7 +230,7 @@ def test_summary_dict_is_json_with_both_blocks():
 def test_a_saddle_shaped_gap_is_named_and_its_crossings_are_read_as_one_point():
     """gap = 0.2·ln(d/160)·ln(D/6e5): the zero set is the lines d = 160 and D = 6e5, so every
     width's D* is 6e5 by the form of the fit; the report says so (saddle_text)."""
-    from experiments.crossover import saddle_text
+    from smallinit.experiments.crossover import saddle_text
 
     rng = np.random.default_rng(7)
     base = frame(CPU, BUDGETS, lambda n, b, d: law(n, b), seeds=4)

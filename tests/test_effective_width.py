@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from experiments.effective_width import effective_width, read_off
+from smallinit.experiments.effective_width import effective_width, read_off
 
 N = {96: 0.74e6, 128: 1.31e6, 192: 2.95e6}  # non-embedding parameters of three widths
 

@@ -7,9 +7,9 @@ import dataclasses
 import pytest
 from omegaconf import OmegaConf
 
-from sweeper import protocol
-from sweeper.config import ProtocolConf
-from sweeper.space import parse_sweep
+from smallinit.sweeper import protocol
+from smallinit.sweeper.config import ProtocolConf
+from smallinit.sweeper.space import parse_sweep
 
 from .conftest import compose_with_hydra, grid_trials, trial_of
 
@@ -166,7 +166,7 @@ def test_cpu_form_runs_end_to_end_at_a_reduced_budget(experiment, tmp_path, data
     # ... and its report builds, with the experiment's own analysis.
     import json
 
-    from experiments.report import build
+    from smallinit.experiments.report import build
 
     out = build([tmp_path / "sweeps" / experiment], tmp_path / "reports", widths=(64, 128), n_boot=20,
                 log=lambda _: None)
@@ -179,11 +179,11 @@ def test_cpu_form_runs_end_to_end_at_a_reduced_budget(experiment, tmp_path, data
 @pytest.mark.slow
 def test_bf16_check_runs_and_reads_the_paired_gap(tmp_path, data_cache):
     """The precision check as a user runs it, on tiny trials: a sweep over train.dtype, then
-    `python -m experiments.dtype_check` on its folder (on a CPU without native bf16 the bf16
+    `python -m smallinit.experiments.dtype_check` on its folder (on a CPU without native bf16 the bf16
     trials are emulated, which these 2-step nano trials afford)."""
     import json
 
-    from experiments import dtype_check
+    from smallinit.experiments import dtype_check
 
     from .conftest import run_cli
 
@@ -201,7 +201,7 @@ def test_bf16_check_runs_and_reads_the_paired_gap(tmp_path, data_cache):
 
 
 def test_crossover_forms_share_one_model_family_budgets_and_evaluation(data_cache):
-    from trainer.schedule import budget_branches, budget_warmup
+    from smallinit.trainer.schedule import budget_branches, budget_warmup
 
     _, runs = grid_trials("crossover")
     _, widths = grid_trials("crossover_widths")

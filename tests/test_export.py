@@ -13,14 +13,14 @@ import pytest
 import torch
 from packaging.version import Version
 
-from core.errors import ConfigError
-from model import Transformer
-from trainer import make_shards
-from trainer.corpus import EOT, bundled_files, read_kjv
-from trainer.data import prepare
-from trainer.data_config import BilingualData
-from trainer.export import check_exportable, export, model_config_from_dict
-from trainer.loop import run_trial
+from smallinit.core.errors import ConfigError
+from smallinit.model import Transformer
+from smallinit.trainer import make_shards
+from smallinit.trainer.corpus import EOT, bundled_files, read_kjv
+from smallinit.trainer.data import prepare
+from smallinit.trainer.data_config import BilingualData
+from smallinit.trainer.export import check_exportable, export, model_config_from_dict
+from smallinit.trainer.loop import run_trial
 
 from . import hf_load
 from .conftest import REPO
@@ -62,7 +62,7 @@ def test_gated_and_moe_models_are_refused_in_one_line(trial_config):
 
 
 def test_the_command_refuses_a_folder_that_is_not_a_trial(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "trainer.export", str(tmp_path), str(tmp_path / "out")],
+    proc = subprocess.run([sys.executable, "-m", "smallinit.trainer.export", str(tmp_path), str(tmp_path / "out")],
                           cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "no trial.json" in proc.stderr and "Traceback" not in proc.stderr
 
@@ -88,7 +88,7 @@ def test_a_tokens_trial_exports_the_tokenizer_its_shards_were_made_with(trial_co
         export(tmp_path / "trial", tmp_path / "hf2")
     assert "\n" not in str(e.value) and not (tmp_path / "hf2").exists()
     (shards / "shards.json").unlink()
-    proc = subprocess.run([sys.executable, "-m", "trainer.export", str(tmp_path / "trial"), str(tmp_path / "hf2")],
+    proc = subprocess.run([sys.executable, "-m", "smallinit.trainer.export", str(tmp_path / "trial"), str(tmp_path / "hf2")],
                           cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and "no shards.json" in proc.stderr and "--tokenizer" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and not (tmp_path / "hf2").exists()

@@ -11,8 +11,8 @@ import subprocess
 import optuna
 import pytest
 
-from core.files import atomic_write
-from sweeper import failures
+from smallinit.core.files import atomic_write
+from smallinit.sweeper import failures
 
 from .conftest import DIVERGES, result_mtimes, study_trials, sweep, table
 
@@ -27,7 +27,7 @@ def _torch_style_disk_full(f):
 
 
 def test_kinds_of_failure(tmp_path):
-    from trainer.loop import TrialDiverged
+    from smallinit.trainer.loop import TrialDiverged
 
     path = tmp_path / "trials" / "abc" / "checkpoint.pt"
     with pytest.raises(OSError) as full:
@@ -158,8 +158,8 @@ def test_a_corrupt_study_file_is_named_in_one_line(tmp_path, data_cache):
 
 
 def test_a_full_disk_while_the_study_is_created_says_so_not_corrupt(tmp_path):
-    from core.errors import ConfigError
-    from sweeper.study import open_storage
+    from smallinit.core.errors import ConfigError
+    from smallinit.sweeper.study import open_storage
 
     folder = tmp_path / "full"
     if not _mount_tmpfs(folder, "64k"):
@@ -180,8 +180,8 @@ def test_a_full_disk_at_the_sweeps_end_is_one_line_and_keeps_the_finished_trials
     4300k tmpfs: the trial's model.pt fitted, results.parquet did not.)"""
     import pandas as pd
 
-    from sweeper import core
-    from sweeper.results import write_table
+    from smallinit.sweeper import core
+    from smallinit.sweeper.results import write_table
 
     folder = tmp_path / "full"
     if not _mount_tmpfs(folder, "64k"):
@@ -214,7 +214,7 @@ def test_a_trial_folder_removed_while_it_trains_fails_with_its_reason_and_the_re
 
     args = ["-m", *TINY_SWEEP, "init.gamma=1.0", "train.max_tokens=16384", "train.eval_every=16",
             "train.ckpt_every=8", "train.probe_every=0", "wandb.mode=disabled", "name=removed"]
-    env = {**os.environ, "PYTHONPATH": str(REPO), "SMALLINIT_CACHE": str(data_cache), "WANDB_API_KEY": ""}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.join(REPO, "src"), str(REPO)]), "SMALLINIT_CACHE": str(data_cache), "WANDB_API_KEY": ""}
     driver = subprocess.Popen([sys.executable, str(REPO / "sweep.py"), *args], cwd=tmp_path, env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     trials = tmp_path / "sweeps" / "removed" / "trials"
@@ -238,8 +238,8 @@ def test_a_trial_folder_removed_while_it_trains_fails_with_its_reason_and_the_re
 
 
 def test_a_row_whose_folder_lost_its_settings_takes_the_swept_values_from_the_study(tmp_path):
-    from core.trial_dir import TrialDir
-    from sweeper.results import build_table
+    from smallinit.core.trial_dir import TrialDir
+    from smallinit.sweeper.results import build_table
 
     folder = TrialDir.in_sweep(tmp_path, "0123456789ab")
     folder.write_failure("the folder was removed while the trial trained", "", failures.TRANSIENT)

@@ -6,11 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from core.errors import ConfigError
-from core.trial_dir import TrialDir
-from sweeper.resources import trial_workers
-from trainer.config import trial_config_from_dict
-from trainer.memory import GIB, HEADROOM, estimate, planned_dtype
+from smallinit.core.errors import ConfigError
+from smallinit.core.trial_dir import TrialDir
+from smallinit.sweeper.resources import trial_workers
+from smallinit.trainer.config import trial_config_from_dict
+from smallinit.trainer.memory import GIB, HEADROOM, estimate, planned_dtype
 
 from .conftest import TINY, run_cli
 

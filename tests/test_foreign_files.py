@@ -17,16 +17,16 @@ import pytest
 from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState
 
-from core import results_schema as schema
-from core.trial_dir import TrialDir
-from model.config import InitConfig, ModelConfig
-from sweeper.results import build_table
-from sweeper.study import Study
-from sweeper.study_rebuild import reconcile
-from sweeper.summary import failure_lines
-from trainer.config import OptimConfig, TrainConfig, TrialConfig
-from trainer.loop import TrialResult, _budgets_done, run_trial
-from trainer.schedule import Branch
+from smallinit.core import results_schema as schema
+from smallinit.core.trial_dir import TrialDir
+from smallinit.model.config import InitConfig, ModelConfig
+from smallinit.sweeper.results import build_table
+from smallinit.sweeper.study import Study
+from smallinit.sweeper.study_rebuild import reconcile
+from smallinit.sweeper.summary import failure_lines
+from smallinit.trainer.config import OptimConfig, TrainConfig, TrialConfig
+from smallinit.trainer.loop import TrialResult, _budgets_done, run_trial
+from smallinit.trainer.schedule import Branch
 
 from .conftest import REPO
 
@@ -206,15 +206,15 @@ def test_a_resume_past_a_foreign_budget_file_trains_again_from_step_0(trial_conf
 def test_export_refuses_another_trials_model_pt_in_one_line(trial_config, tmp_path):
     import torch
 
-    from model import Transformer
-    from trainer.checkpoint import check_weights_owner
-    from trainer.export import ConfigError, _read_weights
+    from smallinit.model import Transformer
+    from smallinit.trainer.checkpoint import check_weights_owner
+    from smallinit.trainer.export import ConfigError, _read_weights
 
     trial, d = trial_config("init.gamma=1.0"), TrialDir(tmp_path / "trial")
     d.write_trial(trial.identity(), trial.to_dict())
     weights = Transformer(trial.model).state_dict()
     torch.save({"identity": "0123456789ab", "step": 8, "model": weights}, d.model_weights)
-    proc = subprocess.run([sys.executable, "-m", "trainer.export", str(d.path), str(tmp_path / "hf")],
+    proc = subprocess.run([sys.executable, "-m", "smallinit.trainer.export", str(d.path), str(tmp_path / "hf")],
                           cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert (f"{d.model_weights} holds trial 0123456789ab's weights, but {d.trial_json} is trial "
@@ -275,7 +275,7 @@ def test_export_from_a_trial_with_a_damaged_trial_json_is_one_line(tmp_path):
     d = TrialDir(tmp_path / "trial")
     d.path.mkdir()
     d.trial_json.write_text("{bad")
-    proc = subprocess.run([sys.executable, "-m", "trainer.export", str(d.path), str(tmp_path / "hf")],
+    proc = subprocess.run([sys.executable, "-m", "smallinit.trainer.export", str(d.path), str(tmp_path / "hf")],
                           cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert proc.stderr.startswith(f"error: {d.trial_json} is damaged (") and "restore it" in proc.stderr

@@ -18,7 +18,7 @@ RUNNER = f"""
 import sys
 for name in {BLOCKED!r}:
     sys.modules[name] = None
-from bench.gpu_check import main
+from smallinit.bench.gpu_check import main
 sys.exit(main(sys.argv[1:]))
 """
 
@@ -48,6 +48,6 @@ def test_gpu_check_needs_only_torch_and_writes_its_record(data_cache, tmp_path):
 
 
 def test_gpu_check_refuses_a_folder_without_tokens(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "bench.gpu_check", "--data", str(tmp_path), "--tiny"], cwd=REPO,
+    proc = subprocess.run([sys.executable, "-m", "smallinit.bench.gpu_check", "--data", str(tmp_path), "--tiny"], cwd=REPO,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "no train.bin" in proc.stderr

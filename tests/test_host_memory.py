@@ -11,8 +11,8 @@ import sys
 
 import pytest
 
-from core.errors import ConfigError
-from trainer import host_memory
+from smallinit.core.errors import ConfigError
+from smallinit.trainer import host_memory
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GLIBC = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
@@ -26,7 +26,7 @@ def _clean_env(**env) -> dict:
 
 def _training_steps(side: str) -> dict:
     """Four bare training steps of the default micro trial (bench/allocator_bench.py's child)."""
-    out = subprocess.run([sys.executable, "-m", "bench.allocator_bench", "--child", "4", "train.device=cpu",
+    out = subprocess.run([sys.executable, "-m", "smallinit.bench.allocator_bench", "--child", "4", "train.device=cpu",
                           "train.threads=1"], cwd=REPO, env=_clean_env(SMALLINIT_CPU_ALLOCATOR=side, OMP_NUM_THREADS="1"),
                          capture_output=True, text=True, check=True, timeout=600)
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -47,7 +47,7 @@ def test_training_steps_reuse_freed_memory_instead_of_faulting_it_in_again():
 
 @pytest.mark.skipif(not GLIBC, reason="the setting applies to glibc only")
 def test_the_users_own_malloc_settings_win():
-    code = f"import sys; sys.path.insert(0, {REPO!r}); from trainer.host_memory import retain_freed_memory as r; print(r())"
+    code = f"import sys; sys.path.insert(0, {os.path.join(REPO, 'src')!r}); from smallinit.trainer.host_memory import retain_freed_memory as r; print(r())"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env=_clean_env(SMALLINIT_CPU_ALLOCATOR="retain", MALLOC_TRIM_THRESHOLD_="131072"))
     assert out.stdout.strip() == "left as the environment sets it (MALLOC_TRIM_THRESHOLD_)"
@@ -61,7 +61,7 @@ def test_a_bad_switch_is_named_with_what_is_allowed(monkeypatch):
 
 @pytest.mark.parametrize("args", [["-m", "init.gamma=0.5,1.0"], []], ids=["sweep", "single run"])
 def test_a_bad_switch_stops_the_command_before_any_trial(tmp_path, args):
-    env = {**os.environ, host_memory.ENV_SWITCH: "fast", "PYTHONPATH": REPO}
+    env = {**os.environ, host_memory.ENV_SWITCH: "fast", "PYTHONPATH": os.pathsep.join([os.path.join(REPO, "src"), str(REPO)])}
     proc = subprocess.run([sys.executable, os.path.join(REPO, "sweep.py"), *args, "model=nano", "wandb.mode=disabled"],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0
@@ -71,7 +71,7 @@ def test_a_bad_switch_stops_the_command_before_any_trial(tmp_path, args):
 
 
 def test_a_cpu_trial_says_what_its_allocator_does(trial_config, tmp_path):
-    from trainer.loop import run_trial
+    from smallinit.trainer.loop import run_trial
 
     lines = []
     run_trial(trial_config(), tmp_path / "t", log=lines.append)
@@ -95,7 +95,7 @@ def test_what_the_sweep_hands_its_workers(monkeypatch, env, expected):
 
 @pytest.mark.parametrize("gpus, expected", [(None, True), (0, True), (0.5, False), (1, False)])
 def test_only_cpu_trials_workers_get_the_setting(monkeypatch, gpus, expected):
-    from sweeper.cluster import allocator_env
+    from smallinit.sweeper.cluster import allocator_env
 
     for var in (*host_memory.USER_ALLOCATOR_VARS, host_memory.ENV_SWITCH, "LD_PRELOAD"):
         monkeypatch.delenv(var, raising=False)
@@ -107,7 +107,7 @@ def test_only_cpu_trials_workers_get_the_setting(monkeypatch, gpus, expected):
 
 @pytest.mark.skipif(not GLIBC, reason="the setting applies to glibc only")
 def test_applied_from_another_thread_it_says_what_it_cannot_cover():
-    code = (f"import sys, threading; sys.path.insert(0, {REPO!r}); from trainer import host_memory as h\n"
+    code = (f"import sys, threading; sys.path.insert(0, {os.path.join(REPO, 'src')!r}); from smallinit.trainer import host_memory as h\n"
             "t = threading.Thread(target=lambda: print(h.retain_freed_memory())); t.start(); t.join()")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env=_clean_env(SMALLINIT_CPU_ALLOCATOR="retain"))

@@ -38,6 +38,6 @@ PINNED = [
 
 @pytest.mark.parametrize("overrides, identity", PINNED, ids=[" ".join(o) or "default" for o, _ in PINNED])
 def test_a_command_gives_the_identity_it_gave_at_276e17b(compose, overrides, identity):
-    from trainer.config import trial_config_from_dict
+    from smallinit.trainer.config import trial_config_from_dict
 
     assert trial_config_from_dict(compose(*overrides, tiny=False)).identity() == identity

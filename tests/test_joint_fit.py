@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from experiments.joint_fit import fit, sensitivity
+from smallinit.experiments.joint_fit import fit, sensitivity
 
 TRUE = dict(E=1.8, alpha=0.34, beta=0.28, A={"baseline": 400.0, "recipe": 400.0 / 1.44**0.34},
             B={"baseline": 900.0, "recipe": 900.0})

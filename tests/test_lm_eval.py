@@ -11,10 +11,10 @@ import sys
 import pytest
 import torch
 
-from model import Transformer
-from trainer.corpus import EOT
-from trainer.export import export
-from trainer.loop import run_trial
+from smallinit.model import Transformer
+from smallinit.trainer.corpus import EOT
+from smallinit.trainer.export import export
+from smallinit.trainer.loop import run_trial
 
 from .conftest import REPO
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from core.errors import ConfigError
-from sweeper import cluster, ray_internals, resources
+from smallinit.core.errors import ConfigError
+from smallinit.sweeper import cluster, ray_internals, resources
 
 from .conftest import error_line, sweep
 

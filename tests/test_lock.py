@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from core.errors import ConfigError
-from sweeper import lock as lock_module
-from sweeper.lock import LOCK_FILE, DriverLock
+from smallinit.core.errors import ConfigError
+from smallinit.sweeper import lock as lock_module
+from smallinit.sweeper.lock import LOCK_FILE, DriverLock
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -26,7 +26,7 @@ def _holder(sweep_dir: Path, text: str | None = None) -> subprocess.Popen:
     """A second process holding the folder's lock until killed: a real driver's DriverLock, or,
     with `text`, a bare record lock on a file holding that text."""
     if text is None:
-        body = f"from sweeper.lock import DriverLock\nDriverLock({str(sweep_dir)!r}).acquire()"
+        body = f"from smallinit.sweeper.lock import DriverLock\nDriverLock({str(sweep_dir)!r}).acquire()"
     else:
         body = f"""
             import fcntl, os
@@ -35,7 +35,7 @@ def _holder(sweep_dir: Path, text: str | None = None) -> subprocess.Popen:
             os.write(fd, {text.encode()!r})"""
     code = textwrap.dedent(body) + "\nprint('held', flush=True)\nimport time\ntime.sleep(60)\n"
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONPATH": str(REPO)})
+                            env={**os.environ, "PYTHONPATH": os.pathsep.join([os.path.join(REPO, "src"), str(REPO)])})
     assert proc.stdout.readline() == "held\n"
     return proc
 

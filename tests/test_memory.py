@@ -11,7 +11,7 @@ from statistics import median
 
 import pytest
 
-from trainer.memory import estimate, saved_activation_bytes
+from smallinit.trainer.memory import estimate, saved_activation_bytes
 
 from .conftest import REPO, run_cli
 
@@ -24,9 +24,9 @@ MEASURE = r"""
 import json, sys, torch, torch.nn.functional as F
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
-from model.transformer import Transformer
+from smallinit.model.transformer import Transformer
 from tests.conftest import CONF, TINY
-from trainer.config import trial_config_from_dict
+from smallinit.trainer.config import trial_config_from_dict
 torch.manual_seed(0); torch.set_num_threads(1)
 with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
     trial = trial_config_from_dict(OmegaConf.to_container(compose("config", overrides=[*TINY, *sys.argv[1:]]), resolve=True))
@@ -54,7 +54,7 @@ def test_the_estimate_is_within_20_percent_of_a_real_steps_peak(trial_config, mo
     overrides = (f"model={model}", "train.batch_size=16", "train.seq_len=128", "train.max_tokens=65536",
                  "train.dtype=fp32")
     proc = subprocess.run([sys.executable, "-c", MEASURE, *overrides], cwd=REPO, capture_output=True, text=True,
-                          timeout=300, env={**os.environ, **ALLOC_ENV, "PYTHONPATH": str(REPO)})
+                          timeout=300, env={**os.environ, **ALLOC_ENV, "PYTHONPATH": os.pathsep.join([os.path.join(REPO, "src"), str(REPO)])})
     assert proc.returncode == 0, proc.stderr[-3000:]
     measured = median(json.loads(proc.stdout.strip().splitlines()[-1]))
     e = estimate(trial_config(*overrides), workers=1, dtype="fp32")

@@ -9,9 +9,17 @@ import pytest
 import torch
 from torch import nn
 
-from core.errors import ConfigError
-from model import PRESETS, AttnConfig, FFNConfig, InitConfig, ModelConfig, NormConfig, Transformer
-from model.layers import MoE
+from smallinit.core.errors import ConfigError
+from smallinit.model import (
+    PRESETS,
+    AttnConfig,
+    FFNConfig,
+    InitConfig,
+    ModelConfig,
+    NormConfig,
+    Transformer,
+)
+from smallinit.model.layers import MoE
 
 
 def meta_model(cfg: ModelConfig) -> Transformer:

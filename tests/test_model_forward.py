@@ -8,8 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from model import AttnConfig, FFNConfig, InitConfig, ModelConfig, NormConfig, Transformer
-from model.layers import MoE, apply_rope, rope_tables
+from smallinit.model import AttnConfig, FFNConfig, InitConfig, ModelConfig, NormConfig, Transformer
+from smallinit.model.layers import MoE, apply_rope, rope_tables
 
 from .conftest import tiny_cfg
 
@@ -23,8 +23,8 @@ def tokens(cfg: ModelConfig, B: int = 3, T: int | None = None, seed: int = 0) ->
 
 
 def test_public_import_and_logits_shape():
-    from model import ModelConfig as MC
-    from model import Transformer as TR
+    from smallinit.model import ModelConfig as MC
+    from smallinit.model import Transformer as TR
 
     cfg = MC.preset("nano", max_seq_len=32)
     logits = TR(cfg)(tokens(cfg, B=2, T=32))

@@ -17,7 +17,7 @@ import pytest
 import torch
 from torch import nn
 
-from model import (
+from smallinit.model import (
     AttnConfig,
     FFNConfig,
     InitConfig,
@@ -27,7 +27,7 @@ from model import (
     Transformer,
     init_std,
 )
-from model.layers import LayerNorm, RMSNorm, SwiGLU
+from smallinit.model.layers import LayerNorm, RMSNorm, SwiGLU
 
 GROUP_OVERRIDES = {
     "embedding_gamma": lambda name: name == "tok_emb.weight",

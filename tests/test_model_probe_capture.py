@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from model import AttnConfig, FFNConfig, NormConfig, Transformer
-from model.layers import Attention
-from model.probes import activation_probes, first_token_mass_capture
+from smallinit.model import AttnConfig, FFNConfig, NormConfig, Transformer
+from smallinit.model.layers import Attention
+from smallinit.model.probes import activation_probes, first_token_mass_capture
 
 from .conftest import tiny_cfg, tokens
 

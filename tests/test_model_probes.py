@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from model import (
+from smallinit.model import (
     AttnConfig,
     FFNConfig,
     InitConfig,
@@ -17,7 +17,7 @@ from model import (
     Transformer,
     run_probes,
 )
-from model.probes import (
+from smallinit.model.probes import (
     activation_probes,
     first_token_mass,
     mean_abs_offdiag,

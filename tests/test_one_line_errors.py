@@ -14,8 +14,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from experiments.load import ReportError, load, read_metrics
-from trainer.export import main as export_main
+from smallinit.experiments.load import ReportError, load, read_metrics
+from smallinit.trainer.export import main as export_main
 
 from .conftest import WIDTHS, report_cli
 

@@ -6,8 +6,8 @@ import dataclasses
 from collections import namedtuple
 from pathlib import Path
 
-from core.plain import plain
-from trainer.config import TrialArgs
+from smallinit.core.plain import plain
+from smallinit.trainer.config import TrialArgs
 
 Pair = namedtuple("Pair", "a b")
 

@@ -12,12 +12,12 @@ import pytest
 from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState
 
-from core.trial_dir import TrialDir
-from sweeper.config import SmallinitSweeperConf
-from sweeper.failures import PERMANENT, TRANSIENT, WORKER_CRASHED
-from sweeper.plan import _left_to_run, to_run
-from sweeper.space import parse_sweep
-from sweeper.study import Study, default_storage_url, open_storage
+from smallinit.core.trial_dir import TrialDir
+from smallinit.sweeper.config import SmallinitSweeperConf
+from smallinit.sweeper.failures import PERMANENT, TRANSIENT, WORKER_CRASHED
+from smallinit.sweeper.plan import _left_to_run, to_run
+from smallinit.sweeper.space import parse_sweep
+from smallinit.sweeper.study import Study, default_storage_url, open_storage
 
 GRID = parse_sweep(["init.gamma=0.5,0.75,1.0,1.25"])
 SEARCH = parse_sweep(["init.gamma=interval(0.5,1.25)"])

@@ -13,10 +13,10 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.errors import HydraException
 from omegaconf import OmegaConf
 
-from core.errors import ConfigError
-from sweeper.points import PointComposer
-from sweeper.precheck import hydra_error
-from sweeper.space import parse_sweep
+from smallinit.core.errors import ConfigError
+from smallinit.sweeper.points import PointComposer
+from smallinit.sweeper.precheck import hydra_error
+from smallinit.sweeper.space import parse_sweep
 
 from .conftest import CONF, run_cli
 from .test_identities import PINNED
@@ -86,7 +86,7 @@ def test_every_point_of_a_grid_over_presets_arms_and_seeds_is_the_full_compose(h
 
 
 def test_the_pinned_identities_come_out_of_the_cached_compose(hydra_pair):
-    from trainer.config import trial_config_from_dict
+    from smallinit.trainer.config import trial_config_from_dict
 
     points, _, _ = hydra_pair
     for overrides, identity in PINNED:

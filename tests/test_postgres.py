@@ -16,8 +16,8 @@ import optuna
 import pandas as pd
 import pytest
 
-from core.errors import ConfigError
-from sweeper import study as study_mod
+from smallinit.core.errors import ConfigError
+from smallinit.sweeper import study as study_mod
 
 from .conftest import (
     CARD,
@@ -86,7 +86,7 @@ def test_card_grid_on_a_postgres_study_records_each_trial_once_and_the_dashboard
     port = pg.port + 1
     while _in_use(port):
         port += 1
-    server = subprocess.Popen([sys.executable, "-m", "sweeper.dashboard", "--storage", url, "--port", str(port)],
+    server = subprocess.Popen([sys.executable, "-m", "smallinit.sweeper.dashboard", "--storage", url, "--port", str(port)],
                               cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                               start_new_session=True)
     try:
@@ -146,7 +146,7 @@ def _get_json(url: str, server: subprocess.Popen, timeout: float = 60) -> dict:
 
 
 def test_the_dashboard_finds_a_sweeps_sqlite_study_or_says_what_is_missing(tmp_path):
-    from sweeper.dashboard import resolve
+    from smallinit.sweeper.dashboard import resolve
 
     (tmp_path / "s").mkdir()
     with pytest.raises(ConfigError, match="optuna.db does not exist"):
@@ -166,7 +166,7 @@ def test_a_second_sweep_on_the_study_leaves_a_trial_another_live_driver_trains(t
     args = [*TINY_SWEEP, "init.gamma=0.5", "train.max_tokens=32768", "train.eval_every=16", "train.ckpt_every=8",
             "train.probe_every=0", "wandb.mode=disabled", f"hydra.sweeper.storage={url}",
             "hydra.sweeper.study_name=shared"]
-    env = {**os.environ, "PYTHONPATH": str(REPO), "SMALLINIT_CACHE": str(data_cache), "WANDB_API_KEY": ""}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.join(REPO, "src"), str(REPO)]), "SMALLINIT_CACHE": str(data_cache), "WANDB_API_KEY": ""}
     first = subprocess.Popen([sys.executable, str(REPO / "sweep.py"), "-m", *args, "name=a"], cwd=tmp_path, env=env,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 300

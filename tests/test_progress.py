@@ -12,8 +12,8 @@ from types import SimpleNamespace
 import pytest
 from rich.console import Console
 
-from sweeper import progress
-from sweeper.progress import ProgressTable, Tally
+from smallinit.sweeper import progress
+from smallinit.sweeper.progress import ProgressTable, Tally
 
 from .conftest import sweep
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from sweeper import ray_internals
+from smallinit.sweeper import ray_internals
 
 from .conftest import REPO
 
@@ -69,7 +69,7 @@ def test_stop_ray_kills_the_monitor_of_a_local_head(monkeypatch):
     """Node.all_processes and ProcessInfo.process exist only on a live node: start one."""
     import ray
 
-    from sweeper.cluster import connect_ray, stop_ray
+    from smallinit.sweeper.cluster import connect_ray, stop_ray
 
     monkeypatch.setenv("RAY_CHDIR_TO_TRIAL_DIR", "0")  # connect_ray sets it; restored after
     assert connect_ray({"num_cpus": 1})
@@ -85,7 +85,7 @@ def test_stop_ray_kills_the_monitor_of_a_local_head(monkeypatch):
 def test_stop_ray_shuts_down_the_slow_way_when_the_internals_moved(monkeypatch, caplog):
     import ray
 
-    from sweeper import cluster
+    from smallinit.sweeper import cluster
 
     def moved():
         raise ray_internals.RayInternalsMoved("ray 9.9 has no ray._private.worker._global_node")

@@ -9,9 +9,9 @@ import math
 
 import pytest
 
-from core.errors import ConfigError
-from model.config import SMALLEST_NORMAL, FFNConfig, InitConfig, ModelConfig
-from sweeper import fixed_overrides
+from smallinit.core.errors import ConfigError
+from smallinit.model.config import SMALLEST_NORMAL, FFNConfig, InitConfig, ModelConfig
+from smallinit.sweeper import fixed_overrides
 
 from .conftest import TINY, run_cli, sweep
 
@@ -24,8 +24,8 @@ NANO = ModelConfig.preset("nano")
     NANO.replace(ffn=FFNConfig(type="moe", n_experts=2, top_k=1, d_expert=96)),
 ], ids=["nano", "untied", "moe"])
 def test_init_fan_ins_are_the_largest_each_group_of_the_built_model_draws(cfg, monkeypatch):
-    from model import init
-    from model.transformer import Transformer
+    from smallinit.model import init
+    from smallinit.model.transformer import Transformer
 
     drawn: dict = {}
     real = init.Initializer.normal

@@ -15,7 +15,7 @@ import optuna
 import pandas as pd
 import pytest
 
-from core.files import atomic_write_json
+from smallinit.core.files import atomic_write_json
 
 from .conftest import REPO, TINY_SWEEP, grid_trials, sweep, sweeps_at_once
 
@@ -38,7 +38,7 @@ def start_and_kill_the_worker(tmp_path, data_cache, *extra) -> tuple[subprocess.
     """A one-trial sweep whose Ray worker is killed with SIGKILL once it has checkpointed."""
     args = ["init.gamma=1.0", "train.max_tokens=8192", "train.eval_every=8", "train.ckpt_every=8",
             "train.probe_every=0", "wandb.mode=disabled", "name=workerkill", *extra]
-    env = {**os.environ, "PYTHONPATH": str(REPO), "SMALLINIT_CACHE": str(data_cache)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.join(REPO, "src"), str(REPO)]), "SMALLINIT_CACHE": str(data_cache)}
     driver = subprocess.Popen([sys.executable, str(REPO / "sweep.py"), "-m", *TINY_SWEEP, *args], cwd=tmp_path,
                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     trial_dirs = tmp_path / "sweeps" / "workerkill" / "trials"
@@ -126,7 +126,7 @@ def study_trials_at(storage, name):
 def test_hundreds_of_tiny_trials_finish_with_flat_driver_memory(tmp_path, data_cache):
     args = ["seed=range(0,200)", "train.max_steps=1", "train.eval_every=1", "train.probe_every=0",
             "train.eval_tokens=128", "train.per_token_eval_tokens=0", "wandb.mode=disabled", "name=many"]
-    env = {**os.environ, "PYTHONPATH": str(REPO), "SMALLINIT_CACHE": str(data_cache)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.join(REPO, "src"), str(REPO)]), "SMALLINIT_CACHE": str(data_cache)}
     driver = subprocess.Popen([sys.executable, str(REPO / "sweep.py"), "-m", *TINY_SWEEP, *args], cwd=tmp_path,
                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     trials = tmp_path / "sweeps" / "many" / "trials"
@@ -151,7 +151,7 @@ def test_hundreds_of_tiny_trials_finish_with_flat_driver_memory(tmp_path, data_c
 def test_a_trial_whose_worker_died_before_training_keeps_its_row(tmp_path):
     """No trial.json (the worker never reached run_trial): the row comes from the planned
     config in sweep.json, with the failure the study recorded."""
-    from sweeper.results import build_table
+    from smallinit.sweeper.results import build_table
 
     trial = grid_trials("moe")[1][0]
     folder = tmp_path / "trials" / trial.identity()
@@ -166,7 +166,7 @@ def test_a_trial_whose_worker_died_before_training_keeps_its_row(tmp_path):
 
 
 def _open_at(url: str, start: float, results) -> None:
-    from sweeper.study import open_storage
+    from smallinit.sweeper.study import open_storage
 
     while time.time() < start:  # all openers hit the new file in the same instant
         pass
@@ -197,7 +197,7 @@ def test_sweeps_creating_one_new_sqlite_storage_at_once_all_open_it(tmp_path):
 
 
 def test_wandb_run_ids_are_stable_per_folder_and_distinct_between_folders_and_machines(tmp_path, monkeypatch):
-    from sweeper import trainable
+    from smallinit.sweeper import trainable
 
     a = trainable.wandb_run_id("exp:1#a?b", "0123456789ab", str(tmp_path / "a" / "trials" / "x"))
     assert a == trainable.wandb_run_id("exp:1#a?b", "0123456789ab", str(tmp_path / "a" / "trials" / "x"))

@@ -10,12 +10,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from experiments import anchor_phase
-from experiments import claims as claims_mod
-from experiments.context import best_gamma_table
-from experiments.load import load
-from experiments.report import build
-from experiments.scaling import effective_size
+from smallinit.experiments import anchor_phase
+from smallinit.experiments import claims as claims_mod
+from smallinit.experiments.context import best_gamma_table
+from smallinit.experiments.load import load
+from smallinit.experiments.report import build
+from smallinit.experiments.scaling import effective_size
 
 from .conftest import synthetic_sweep
 

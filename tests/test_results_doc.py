@@ -9,14 +9,14 @@ import shutil
 import pytest
 from PIL import Image
 
-from experiments import results_doc
+from smallinit.experiments import results_doc
 
 DOCS = results_doc.REPO / "docs"
 
 
 def test_every_experiment_has_a_committed_summary():
     missing = [e for e in results_doc.EXPERIMENTS if not (DOCS / "results" / e / "summary.json").exists()]
-    assert not missing, f"run `make experiments` (or python -m experiments.results_doc --collect): {missing}"
+    assert not missing, f"run `make experiments` (or python -m smallinit.experiments.results_doc --collect): {missing}"
 
 
 def test_results_md_is_what_the_committed_summaries_give():
@@ -91,14 +91,14 @@ def test_each_record_has_the_grid_of_the_command_it_names(experiment):
 
     from omegaconf import OmegaConf
 
-    from sweeper import protocol
-    from sweeper.config import ProtocolConf
-    from sweeper.space import parse_sweep
+    from smallinit.sweeper import protocol
+    from smallinit.sweeper.config import ProtocolConf
+    from smallinit.sweeper.space import parse_sweep
 
     folder = DOCS / "results" / experiment
     command = folder / "command.txt"
     lines = [line for line in command.read_text().splitlines() if line.strip()] if command.exists() else [""]
-    yaml = OmegaConf.load(results_doc.REPO / "conf" / "experiment" / f"{experiment}.yaml")
+    yaml = OmegaConf.load(results_doc.REPO / "src" / "smallinit" / "conf" / "experiment" / f"{experiment}.yaml")
     params = {k: str(v) for k, v in yaml.hydra.sweeper.params.items()}
     summary = json.loads((folder / "summary.json").read_text())
     trials = summary["scale"]["trials"]

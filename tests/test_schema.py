@@ -8,11 +8,24 @@ import shutil
 
 import pytest
 
-from core.errors import ConfigError
-from model.config import PRESETS, AttnConfig, InitConfig, ModelConfig, ModelPreset, NormConfig
-from sweeper.precheck import precheck
-from trainer.config import OptimConfig, TrainConfig, TrialArgs, TrialConfig, trial_config_from_dict
-from trainer.data_config import BilingualData
+from smallinit.core.errors import ConfigError
+from smallinit.model.config import (
+    PRESETS,
+    AttnConfig,
+    InitConfig,
+    ModelConfig,
+    ModelPreset,
+    NormConfig,
+)
+from smallinit.sweeper.precheck import precheck
+from smallinit.trainer.config import (
+    OptimConfig,
+    TrainConfig,
+    TrialArgs,
+    TrialConfig,
+    trial_config_from_dict,
+)
+from smallinit.trainer.data_config import BilingualData
 
 from .conftest import CONF, TINY, error_line, run_cli
 

@@ -10,12 +10,12 @@ from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState
 from ray.tune.search import Searcher
 
-from core.errors import ConfigError
-from sweeper.failures import PERMANENT, TRANSIENT, WORKER_CRASHED
-from sweeper.searcher import StudySearcher
-from sweeper.space import parse_sweep
-from sweeper.study import SAMPLED, Pending, Study, default_storage_url, open_storage
-from sweeper.trainable import METRIC, TrialSpec
+from smallinit.core.errors import ConfigError
+from smallinit.sweeper.failures import PERMANENT, TRANSIENT, WORKER_CRASHED
+from smallinit.sweeper.searcher import StudySearcher
+from smallinit.sweeper.space import parse_sweep
+from smallinit.sweeper.study import SAMPLED, Pending, Study, default_storage_url, open_storage
+from smallinit.sweeper.trainable import METRIC, TrialSpec
 
 SEARCH = parse_sweep(["init.gamma=interval(0.5,1.25)"])
 DISTS = {"init.gamma": FloatDistribution(0.5, 1.25)}

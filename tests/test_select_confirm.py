@@ -14,10 +14,10 @@ import optuna
 import pandas as pd
 import pytest
 
-from core.errors import ConfigError
-from sweeper import protocol
-from sweeper.config import ProtocolConf
-from sweeper.space import parse_sweep
+from smallinit.core.errors import ConfigError
+from smallinit.sweeper import protocol
+from smallinit.sweeper.config import ProtocolConf
+from smallinit.sweeper.space import parse_sweep
 
 from .conftest import REPO, TINY, study_trials, sweep
 
@@ -147,7 +147,7 @@ def test_select_then_confirm_sweep_records_roles_and_choices_and_a_rerun_trains_
 
 def _kill_when(tmp_path, data_cache, n_results: int, sweep_dir) -> None:
     """Start the sweep in its own process group and kill -9 all of it once n results exist."""
-    env = {**os.environ, "PYTHONPATH": str(REPO), "SMALLINIT_CACHE": str(data_cache), "WANDB_API_KEY": ""}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.join(REPO, "src"), str(REPO)]), "SMALLINIT_CACHE": str(data_cache), "WANDB_API_KEY": ""}
     args = [sys.executable, str(REPO / "sweep.py"), "-m", *[t for t in TINY if not t.startswith("wandb.")],
             "wandb.mode=disabled", "ray.num_cpus=2", *PROTOCOL]
     proc = subprocess.Popen(args, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,

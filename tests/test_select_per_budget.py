@@ -10,9 +10,9 @@ import math
 import pandas as pd
 import pytest
 
-from core.errors import ConfigError
-from sweeper import protocol
-from sweeper.config import ProtocolConf
+from smallinit.core.errors import ConfigError
+from smallinit.sweeper import protocol
+from smallinit.sweeper.config import ProtocolConf
 
 from .conftest import sweep
 
@@ -116,7 +116,7 @@ def test_a_per_budget_sweep_chooses_from_the_branches_and_confirms_each_choice(t
     assert "1,024 tokens: optim.lr=" in proc.stdout
 
     # The report pairs each budget's arms at that budget's lrs (experiments/token_crossover.py).
-    from experiments.report import build
+    from smallinit.experiments.report import build
 
     out = build([sweep_dir], out_root=tmp_path / "reports", log=lambda *_: None)
     summary = json.loads((out / "summary.json").read_text())["token_crossover"]
@@ -131,13 +131,13 @@ def test_a_per_budget_sweep_chooses_from_the_branches_and_confirms_each_choice(t
         assert g["gap"] == pytest.approx(rec - base)
     assert summary["decision"].startswith("no crossover estimate")  # 2 budgets: no line
     assert "Where the gap crosses" in (out / "index.html").read_text()
-    # Where it stands, from the trial folders (what `python -m experiments.token_crossover --sweep` prints).
-    from experiments.token_crossover import status
+    # Where it stands, from the trial folders (what `python -m smallinit.experiments.token_crossover --sweep` prints).
+    from smallinit.experiments.token_crossover import status
 
     text = status(sweep_dir)
     assert "## tune (seed mean over 100)" in text and "## confirm (seed mean over 1, 2)" in text
     assert text.count("chose 512: ") == 2 and "Decision so far: no crossover estimate" in text
-    from core.provenance import cpu_identity
+    from smallinit.core.provenance import cpu_identity
 
     assert f"## trained on\n\n- {cpu_identity()[0]}" in text  # every branch names its CPU (made_by)
     assert "- confirm (seed, budget) cells whose runs span CPUs or do not name theirs: 0 of 4" in text

@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from core.errors import ConfigError
-from trainer import shards
-from trainer.data import TrainBatches, prepare, val_batches
-from trainer.data_config import TokensData
+from smallinit.core.errors import ConfigError
+from smallinit.trainer import shards
+from smallinit.trainer.data import TrainBatches, prepare, val_batches
+from smallinit.trainer.data_config import TokensData
 
 
 def _tokens(n: int, start: int = 0, vocab: int = 500) -> np.ndarray:

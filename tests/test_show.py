@@ -9,9 +9,9 @@ import re
 import numpy as np
 import pytest
 
-from core.errors import ConfigError
-from sweeper import estimate
-from sweeper.show import _memory, _torch_side, trained_steps
+from smallinit.core.errors import ConfigError
+from smallinit.sweeper import estimate
+from smallinit.sweeper.show import _memory, _torch_side, trained_steps
 
 from .conftest import run_cli
 
@@ -60,8 +60,8 @@ def test_bad_budgets_per_param_are_one_line_errors(trial_config, overrides, mess
 
 @pytest.mark.slow  # make test stays under 10 min on 2 cores; CI runs it after
 def test_gpu_scaling_law_composes_and_shows_its_plan_and_cost(tmp_path, data_cache, compose):
-    from sweeper.resources import trial_workers
-    from trainer.config import flops_per_token, trial_config_from_dict
+    from smallinit.sweeper.resources import trial_workers
+    from smallinit.trainer.config import flops_per_token, trial_config_from_dict
 
     tokens = tmp_path / "train.bin"
     np.random.default_rng(0).integers(0, 32768, 50_000).astype(np.uint16).tofile(tokens)
@@ -132,7 +132,7 @@ def test_show_leaves_torch_to_the_child(tmp_path):
 
 
 def test_the_time_estimate_counts_training_and_evaluation_tokens_scaled_by_flops(trial_config):
-    from trainer.config import flops_per_token
+    from smallinit.trainer.config import flops_per_token
 
     trial = trial_config()  # TINY: 8 steps of 128 tokens, evaluated at 0, 4 and 8 on 512 tokens
     assert estimate.eval_tokens(trial) == 3 * 512 + 256

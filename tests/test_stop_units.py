@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from sweeper import cluster, ray_internals, stop
+from smallinit.sweeper import cluster, ray_internals, stop
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -142,7 +142,7 @@ def test_ray_is_not_judged_lost_when_its_internals_moved(monkeypatch):
 def test_a_driver_stopped_by_sigterm_prints_the_resume_line_and_exits_143(tmp_path):
     code = textwrap.dedent("""
         import sys, time
-        from sweeper import stop
+        from smallinit.sweeper import stop
         stop.install()
         try:  # "ready" inside the try: the signal may land while print is still returning
             print("ready", flush=True)
@@ -152,7 +152,7 @@ def test_a_driver_stopped_by_sigterm_prints_the_resume_line_and_exits_143(tmp_pa
             sys.exit(stop.exit_status(1))
     """)
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONPATH": str(REPO)})
+                            env={**os.environ, "PYTHONPATH": os.pathsep.join([os.path.join(REPO, "src"), str(REPO)])})
     assert proc.stdout.readline() == "ready\n"
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=30)

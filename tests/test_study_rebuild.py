@@ -7,9 +7,9 @@ import optuna
 from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState
 
-from core.trial_dir import TrialDir
-from sweeper.study import Study
-from sweeper.study_rebuild import reconcile, restore_from_folders
+from smallinit.core.trial_dir import TrialDir
+from smallinit.sweeper.study import Study
+from smallinit.sweeper.study_rebuild import reconcile, restore_from_folders
 
 DISTS = {"init.gamma": FloatDistribution(0.5, 1.25)}
 

@@ -11,8 +11,8 @@ import pytest
 from optuna.distributions import CategoricalDistribution, FloatDistribution
 from optuna.trial import TrialState
 
-from core.errors import ConfigError
-from sweeper.study import (
+from smallinit.core.errors import ConfigError
+from smallinit.sweeper.study import (
     SAMPLED,
     TRIAL_DIR,
     Study,

@@ -12,7 +12,7 @@ import optuna
 import pandas as pd
 import pytest
 
-from trainer import host_memory
+from smallinit.trainer import host_memory
 
 from .conftest import (
     CARD,
@@ -195,7 +195,7 @@ def test_bad_input_fails_before_any_trial_in_one_line(tmp_path, data_cache, args
 
 
 def test_results_columns_are_documented():
-    from core import results_schema as schema
+    from smallinit.core import results_schema as schema
 
     readme = (REPO / "docs" / "sweeps.md").read_text()  # "The results table", linked from the README
     # Every column the schema defines (the table's own list), and the swept keys' prefix.

@@ -14,8 +14,8 @@ import optuna
 import pandas as pd
 from optuna.distributions import FloatDistribution
 
-from core.trial_dir import TrialDir
-from sweeper.study import Study
+from smallinit.core.trial_dir import TrialDir
+from smallinit.sweeper.study import Study
 
 from .conftest import CONF, REPO
 

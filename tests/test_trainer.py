@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from core.trial_dir import TrialDir
-from model import ConfigError
-from trainer.config import OptimConfig, trial_config_from_dict
-from trainer.loop import TrialDiverged, flops_per_token, lr_at, run_trial
+from smallinit.core.trial_dir import TrialDir
+from smallinit.model import ConfigError
+from smallinit.trainer.config import OptimConfig, trial_config_from_dict
+from smallinit.trainer.loop import TrialDiverged, flops_per_token, lr_at, run_trial
 
 from .conftest import run_cli
 
@@ -114,7 +114,7 @@ def test_divergence_stops_with_the_step(trial_config, tmp_path):
 def test_reading_the_loss_every_few_steps_logs_the_same_curve(trial_config, tmp_path, monkeypatch):
     """The accelerator path (loss kept on the device, read every few steps), run on the CPU:
     the same logged curve, and a divergence still stops the trial, naming the steps."""
-    import trainer.loop as loop
+    import smallinit.trainer.loop as loop
 
     trial = trial_config("train.max_steps=12", "train.eval_every=6", "train.ckpt_every=5")
     run_trial(trial, tmp_path / "every", log=lambda *_: None)
@@ -222,7 +222,7 @@ def test_a_result_names_the_machine_commit_and_threads_that_made_it(trial_config
     crossover's micro model, 0.01 nats by step 300), so result.json says what made it."""
     from importlib import metadata
 
-    from core.provenance import cpu_identity, git_state
+    from smallinit.core.provenance import cpu_identity, git_state
 
     run_trial(trial_config("train.max_tokens=512", "train.threads=1"), tmp_path, log=lambda *_: None)
     made_by = TrialDir(tmp_path).read_result()["made_by"]

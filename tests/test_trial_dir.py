@@ -11,10 +11,10 @@ from dataclasses import asdict
 import pandas as pd
 import pytest
 
-from core import results_schema as schema
-from core.trial_dir import DamagedFile, TrialDir
-from model.config import InitConfig, ModelConfig
-from trainer.config import OptimConfig, TrainConfig, TrialConfig
+from smallinit.core import results_schema as schema
+from smallinit.core.trial_dir import DamagedFile, TrialDir
+from smallinit.model.config import InitConfig, ModelConfig
+from smallinit.trainer.config import OptimConfig, TrainConfig, TrialConfig
 
 # property -> the file name on disk: sweep folders written before TrialDir existed hold these.
 NAMES = {
@@ -144,7 +144,7 @@ def _trial(gamma: float, seed: int) -> TrialConfig:
 
 
 def _finish(d: TrialDir, trial: TrialConfig, loss: float) -> None:
-    from trainer.loop import TrialResult
+    from smallinit.trainer.loop import TrialResult
 
     final = {"val/loss": loss, "attn_sink/mean": 0.25, "stable_rank/mean": 3.0, "row_cosine/mean": 0.1,
              "saturation/mean": 0.0, "residual_ratio/mean": 1.5, "anchor/acc_copy": 0.75}
@@ -202,7 +202,7 @@ PARQUET_TYPES = {
 def test_the_sweepers_table_has_the_schemas_columns_and_types(tmp_path):
     import pyarrow.parquet as pq
 
-    from sweeper.results import build_table, write_table
+    from smallinit.sweeper.results import build_table, write_table
 
     path = write_table(tmp_path, build_table(tmp_path, _sweep(tmp_path)))
     stored = [(f.name, str(f.type).removeprefix("large_")) for f in pq.read_schema(path)]
@@ -225,7 +225,7 @@ def test_the_sweepers_table_has_the_schemas_columns_and_types(tmp_path):
 
 
 def test_the_table_has_every_config_key_as_a_column_and_a_csv_twin(tmp_path):
-    from sweeper.results import build_table, write_table
+    from smallinit.sweeper.results import build_table, write_table
 
     states = _sweep(tmp_path)
     path = write_table(tmp_path, build_table(tmp_path, states))
@@ -256,7 +256,7 @@ def test_config_columns_flatten_with_dotted_keys_and_lists_as_json():
 
 
 def test_a_config_key_of_mixed_kinds_is_stored_as_text(tmp_path):
-    from sweeper.results import _one_kind, write_table
+    from smallinit.sweeper.results import _one_kind, write_table
 
     assert _one_kind(pd.Series([1, 2.5, None])).tolist()[:2] == [1, 2.5]  # numbers stay numbers
     df = pd.DataFrame({"identity": ["a", "b", "c"], "config/train.threads": [4, "auto", True]})
@@ -266,8 +266,8 @@ def test_a_config_key_of_mixed_kinds_is_stored_as_text(tmp_path):
 
 
 def test_the_report_reads_what_the_sweeper_wrote(tmp_path):
-    from experiments.load import LOSS, SEED_COLS, SIZE_COLS, load
-    from sweeper.results import build_table, write_table
+    from smallinit.experiments.load import LOSS, SEED_COLS, SIZE_COLS, load
+    from smallinit.sweeper.results import build_table, write_table
 
     states = _sweep(tmp_path)
     write_table(tmp_path, build_table(tmp_path, states))
@@ -282,7 +282,7 @@ def test_files_written_atomically_honour_the_umask(tmp_path):
     a plain open() would give (mkstemp's own is 0600)."""
     import os
 
-    from core.files import atomic_write_json
+    from smallinit.core.files import atomic_write_json
 
     old = os.umask(0o022)
     try:

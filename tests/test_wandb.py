@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from core.errors import ConfigError
-from sweeper.summary import check_wandb, wandb_line, wandb_sync_line
+from smallinit.core.errors import ConfigError
+from smallinit.sweeper.summary import check_wandb, wandb_line, wandb_sync_line
 
 from .conftest import error_line, sweep
 

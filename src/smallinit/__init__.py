@@ -1,0 +1,38 @@
+"""smallinit: test, reproduce and extend "Small Initialization Matters for Large Language Models".
+
+One installable package (src layout). `python sweep.py ...` at the repository root, or the
+`smallinit-sweep` console script once installed, runs `smallinit.cli.main`. Its sub-packages,
+by concern:
+
+    core         the ground floor: ConfigError and require, atomic writes, the trial folder
+                 (TrialDir), the results table's columns, provenance of records
+    model        the decoder, the init rule, gated attention; probes attach from outside
+    trainer      typed data settings, corpora, the anchor task, the training loop, precision,
+                 checkpoints, export to transformers
+    sweeper      Hydra multirun -> Ray Tune trials: schema, compose, plan, cluster, tuner, the
+                 Optuna study, results, dashboard
+    experiments  the report and the paper's analyses, read from what the sweeper wrote
+    bench        what the instrument costs (its records stay in the repository's bench/)
+    conf         Hydra's presets and experiments (CONF_DIR); not a Python package
+    cli          sweep.py's body: the Hydra main, --show, the stop signals
+
+Hydra's plugin (the smallinit sweeper) is hydra_plugins.smallinit_sweeper, beside this package
+in src/: Hydra finds plugins in the hydra_plugins namespace.
+
+The import floors (tests/test_architecture.py enforces them, lazy imports included; no private
+name crosses between packages): core -> model -> trainer and experiments -> sweeper and bench.
+
+    core         the standard library only
+    model        core
+    trainer      core, model
+    experiments  core, model (it reads sweeps through core's schema, not through the sweeper)
+    sweeper      core, model, trainer
+    bench        core, model, trainer, sweeper
+    hydra_plugins  core, sweeper
+
+Importing this package imports nothing else (the sweep driver must not pay for torch).
+"""
+
+from pathlib import Path
+
+CONF_DIR = Path(__file__).parent / "conf"

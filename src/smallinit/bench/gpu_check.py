@@ -1,0 +1,215 @@
+"""One prepared GPU check that needs only torch and numpy (no Ray, Hydra, Optuna, W&B,
+tokenizers or pandas): what a lent GPU machine can show in a few minutes.
+
+    python -m smallinit.bench.gpu_check --data .cache/gpu-data --out $OUT     # on the GPU machine, <= 8 min
+    python -m smallinit.bench.gpu_check --data ~/.cache/smallinit/bilingual-* --tiny --device cpu   # a smoke run
+
+1. MFU of the 0.1B and 1.5B presets, bf16 autocast + torch.compile, sequence 2048, random
+   tokens (bench/gpu_bench.py's measurement).
+2. The 0.1B preset trained by the project's own loop (trainer.loop.run_trial, bf16 and compile
+   on CUDA) at gamma = 0.5 and gamma = 1 (eps 1e-12, no gate, the same init seed and data
+   order), each at two learning rates, for one token budget: at most MAX_EPOCHS passes over the
+   prepared corpus (a folder with train.bin and val.bin of uint16 token ids, e.g. the project's
+   bilingual cache). The loss curves and final validation losses go to gpu_check.json.
+3. FSDP on one device: the 0.1B preset trained a few steps by run_trial under a 1-rank process
+   group (nccl on CUDA, gloo on the CPU) with trainer.distributed.Parallel("fsdp")'s sharding,
+   against the same steps unsharded (same seed and data): tokens/s, peak memory and the losses.
+   In fp32 (the CPU) they agree to 1e-5 relative; in bf16 (CUDA) the difference is reported.
+
+Prepare the data folder on a machine with the project installed (`make sweep` prepares it):
+    mkdir -p .cache/gpu-data && cp ~/.cache/smallinit/bilingual-*/{train,val}.bin .cache/gpu-data/
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from smallinit.core.trial_dir import TrialDir
+
+MAX_EPOCHS = 4  # more passes than this measure memorisation, not the paper's question
+PRESETS = ("0.1b", "1.5b")
+GAMMAS = (0.5, 1.0)
+LRS = (1e-3, 3e-3)
+FSDP_STEPS, FSDP_STEPS_TINY = 20, 4
+FSDP_RTOL = 1e-5  # sharded against unsharded losses, in fp32
+
+
+def trial_for(preset: str, gamma: float, lr: float, data: Path, vocab: int, budget: int, device: str, tiny: bool):
+    from smallinit.model.config import InitConfig, ModelConfig, NormConfig
+    from smallinit.trainer.config import OptimConfig, TrainConfig, TrialConfig
+    from smallinit.trainer.data_config import TokensData
+
+    model = ModelConfig.preset(preset, vocab_size=vocab, init=InitConfig(gamma=gamma, seed=0), norm=NormConfig(eps=1e-12))
+    batch, seq = (4, 64) if tiny else (32, 1024)
+    train = TrainConfig(seed=0, batch_size=batch, seq_len=seq, max_tokens=max(budget, batch * seq),
+                        eval_every=5 if tiny else 25, eval_tokens=batch * seq * (1 if tiny else 8),
+                        per_token_eval_tokens=batch * seq, probe_every=0, ckpt_every=0, device=device,
+                        dtype="auto", compile=device == "cuda")
+    data_cfg = TokensData(paths=(str(data / "train.bin"), str(data / "val.bin")), dtype="uint16",
+                          vocab_size=vocab, cache_dir=str(data / ".prepared"))
+    return TrialConfig(model=model, optim=OptimConfig(lr=lr), train=train, data=data_cfg, preset=preset)
+
+
+def mfu_section(device: torch.device, tiny: bool, log) -> dict:
+    from .gpu_bench import _measure, _try
+
+    if device.type != "cuda":
+        r = _try("nano", 2, device, 2, seq_len=64, compile=False)  # the smoke form: shapes only
+        return {"nano (cpu smoke)": r}
+    out = {}
+    for preset in PRESETS:
+        out[preset] = _measure(preset, device, 10)
+        r = out[preset]
+        log(f"mfu {preset}: " + (r["error"] if "error" in r else f"{r['tokens_per_s']:,.0f} tok/s, MFU {r['mfu']:.1%}"))
+    return out
+
+
+def corpus(data: Path) -> tuple[int, int]:
+    """(training tokens, vocabulary size) of a folder of train.bin and val.bin."""
+    train_tokens = np.memmap(data / "train.bin", dtype=np.uint16, mode="r")
+    vocab = int(max(int(train_tokens.max()), int(np.memmap(data / "val.bin", dtype=np.uint16, mode="r").max())) + 1)
+    return len(train_tokens), 64 * -(-vocab // 64)  # rounded up: the embedding table's rows stay aligned
+
+
+def fsdp_section(args, device: torch.device, log) -> dict:
+    """The same few steps unsharded and under FSDP2 on one rank (section 3 above)."""
+    import dataclasses
+    import gc
+    import shutil
+    import socket
+
+    import torch.distributed as dist
+
+    from smallinit.trainer.distributed import Parallel
+    from smallinit.trainer.loop import run_trial
+
+    cuda = device.type == "cuda"
+    if cuda:
+        device = torch.device("cuda", torch.cuda.current_device())  # Parallel sets it: it needs an index
+    _, vocab = corpus(args.data)
+    preset, steps = ("nano", FSDP_STEPS_TINY) if args.tiny else ("0.1b", FSDP_STEPS)
+    dtype = "bf16" if cuda else "fp32"
+    base = trial_for(preset, 1.0, 1e-3, args.data, vocab, 0, device.type, args.tiny)
+    t = base.train
+    trial = dataclasses.replace(base, train=dataclasses.replace(
+        t, max_tokens=None, max_steps=steps, log_every=1, eval_every=steps, eval_tokens=t.tokens_per_step,
+        per_token_eval_tokens=t.tokens_per_step, dtype=dtype, compile=False, parallel="fsdp"))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("nccl" if cuda else "gloo", rank=0, world_size=1)
+    try:
+        sides = {}
+        warm = dataclasses.replace(trial, train=dataclasses.replace(trial.train, max_steps=1, eval_every=1))
+        # A one-step run of each side first, untimed: kernels, allocator, FSDP's lazy set-up. The
+        # smoke form checks the losses only, so it skips them.
+        names = ("unsharded", "fsdp") if args.tiny else ("warmup-unsharded", "warmup-fsdp", "unsharded", "fsdp")
+        for name in names:
+            out = TrialDir(args.out / f"fsdp-{name}")
+            shutil.rmtree(out.path, ignore_errors=True)  # a finished trial there would be read, not run
+            gc.collect()
+            if cuda:
+                torch.cuda.empty_cache()
+                torch.cuda.reset_peak_memory_stats()
+            res = run_trial(warm if name.startswith("warmup") else trial, out.path, log=lambda *_: None,
+                            dist=Parallel("fsdp", device) if name.endswith("fsdp") else None)
+            if name.startswith("warmup"):
+                shutil.rmtree(out.path, ignore_errors=True)
+                continue
+            rows = [json.loads(x) for x in out.metrics.read_text().splitlines() if x.strip()]
+            sides[name] = {"tokens_per_s": res.tokens_per_s, "final_val_loss": res.final_val_loss,
+                           "peak_memory_gb": torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
+                           "train_loss": [[r["step"], r["train/loss"]] for r in rows if r.get("train/loss") is not None]}
+            for f in (out.model_weights, out.per_token_losses):
+                f.unlink(missing_ok=True)
+    finally:
+        dist.destroy_process_group()
+    a, b = sides["unsharded"], sides["fsdp"]
+    pairs = [(x[1], y[1]) for x, y in zip(a["train_loss"], b["train_loss"])] + [(a["final_val_loss"], b["final_val_loss"])]
+    worst = max(abs(y - x) / abs(x) for x, y in pairs)
+    out = {"preset": preset, "steps": steps, "dtype": dtype, "backend": "nccl" if cuda else "gloo", "world": 1,
+           "tokens_per_step": trial.train.tokens_per_step, "max_rel_loss_diff": worst,
+           # fp32 is held to 1e-5; in bf16 the two sides' rounding differs, so it is reported only.
+           "losses_agree": worst <= FSDP_RTOL if dtype == "fp32" else None,
+           "memory_note": "peak allocated over the whole run; under fsdp rank 0 also keeps the whole copy it "
+                          "evaluates with (Parallel.full_model)" if cuda else "not measured on the CPU", **sides}
+    log(f"fsdp {preset} ({dtype}, 1 rank): {b['tokens_per_s']:,.0f} tok/s against {a['tokens_per_s']:,.0f} unsharded"
+        + (f", peak {b['peak_memory_gb']:.1f} GB against {a['peak_memory_gb']:.1f}" if cuda else "")
+        + f"; losses differ by {worst:.2e} relative at most")
+    return out
+
+
+def train_section(args, device: torch.device, log) -> list[dict]:
+    from smallinit.trainer.loop import run_trial
+
+    n_train, vocab = corpus(args.data)
+    budget = min(args.tokens, MAX_EPOCHS * n_train)
+    preset = "nano" if args.tiny else "0.1b"
+    log(f"train {preset}: {budget:,} tokens per run ({budget / n_train:.2f} passes over "
+        f"{n_train:,} training tokens), vocab {vocab}")
+    runs = []
+    for gamma in GAMMAS:
+        for lr in LRS:
+            trial = trial_for(preset, gamma, lr, args.data, vocab, budget, device.type, args.tiny)
+            out = TrialDir(args.out / f"run-g{gamma:g}-lr{lr:g}")
+            t0 = time.perf_counter()
+            res = run_trial(trial, out.path, log=lambda *_: None)
+            rows = [json.loads(x) for x in out.metrics.read_text().splitlines() if x.strip()]
+            curve = [[r["step"], r["val/loss"]] for r in rows if r.get("val/loss") is not None]
+            runs.append(dict(preset=preset, gamma=gamma, lr=lr, eps=1e-12, tokens=res.tokens, dtype=res.dtype,
+                             final_val_loss=res.final_val_loss, unigram_entropy=res.unigram_entropy,
+                             tokens_per_s=res.tokens_per_s, mfu=res.mfu, wall_s=time.perf_counter() - t0,
+                             val_curve=curve))
+            for f in (out.model_weights, out.per_token_losses):
+                f.unlink(missing_ok=True)  # the JSON is the record; weights would not come back anyway
+            log(f"train γ={gamma:g} lr={lr:g}: val loss {res.final_val_loss:.4f} ({res.tokens_per_s:,.0f} tok/s, "
+                f"{time.perf_counter() - t0:.0f} s)")
+    return runs
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m smallinit.bench.gpu_check", description=__doc__.split("\n")[0])
+    p.add_argument("--data", type=Path, required=True, help="folder with train.bin and val.bin (uint16 token ids)")
+    p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "gpu-check")), help="where gpu_check.json goes")
+    p.add_argument("--tokens", type=int, default=20_000_000, help=f"token budget per run (capped at {MAX_EPOCHS} passes)")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--tiny", action="store_true", help="nano model, a few steps: a smoke run anywhere")
+    p.add_argument("--skip-mfu", action="store_true")
+    p.add_argument("--skip-fsdp", action="store_true")
+    a = p.parse_args(argv)
+    for f in ("train.bin", "val.bin"):
+        if not (a.data / f).is_file():
+            print(f"error: --data {a.data}: no {f} there (see `python -m smallinit.bench.gpu_check --help`)", file=sys.stderr)
+            return 2
+    a.out.mkdir(parents=True, exist_ok=True)
+    device = torch.device(a.device)
+
+    def log(msg: str) -> None:
+        print(f"[gpu_check] {msg}", flush=True)
+
+    t0 = time.perf_counter()
+    result = {"machine": {"platform": platform.platform(), "python": platform.python_version(), "torch": torch.__version__,
+                          "device": torch.cuda.get_device_name(0) if device.type == "cuda" else platform.processor()},
+              "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    result["mfu"] = {} if a.skip_mfu else mfu_section(device, a.tiny, log)
+    result["fsdp"] = {} if a.skip_fsdp else fsdp_section(a, device, log)
+    result["train"] = train_section(a, device, log)
+    result["elapsed_s"] = time.perf_counter() - t0
+    path = a.out / "gpu_check.json"
+    path.write_text(json.dumps(result, indent=1) + "\n")
+    log(f"wrote {path} in {result['elapsed_s']:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

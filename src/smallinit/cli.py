@@ -1,0 +1,116 @@
+"""smallinit's command line: `python sweep.py` at the repository root, or `smallinit-sweep`
+once installed, runs main().
+
+    python sweep.py                      train one trial with the defaults (conf/config.yaml)
+    python sweep.py model=mini init.gamma=0.5 norm.eps=1e-5
+    python sweep.py -m init.gamma=0.5,0.75,1.0,1.25 norm.eps=1e-5,1e-12    a sweep
+    python sweep.py --show [-m] OVERRIDES    what each trial would get (shape, budget, identity)
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+from smallinit import CONF_DIR
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+log = logging.getLogger("smallinit")
+
+
+@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
+def run(cfg: DictConfig) -> float | None:
+    from hydra.core.hydra_config import HydraConfig
+
+    from smallinit.core.errors import ConfigError
+    from smallinit.core.trial_dir import DamagedFile, TrialDir
+    from smallinit.trainer.config import trial_config_from_dict
+    from smallinit.trainer.data_check import check_trials
+    from smallinit.trainer.host_memory import check_switch
+    from smallinit.trainer.loop import run_trial
+    from smallinit.trainer.reporting import ConsoleReporter
+
+    try:
+        trial = trial_config_from_dict(OmegaConf.to_container(cfg, resolve=True))
+        check_switch()  # SMALLINIT_CPU_ALLOCATOR
+        prepared = check_trials([trial]).get(trial.data)  # the corpus, held against the budget
+    except ConfigError as e:
+        sys.exit(f"error: {e}")
+    out_dir = HydraConfig.get().runtime.output_dir
+    m = trial.model
+    print(f"trial {trial.identity()}: {trial.preset} ({m.num_params() / 1e6:.2f}M params), "
+          f"gamma={m.init.gamma} eps={m.norm.eps:g} gate={m.attn.gate}, "
+          f"{trial.train.total_steps} steps x {trial.train.tokens_per_step} tokens -> {out_dir}")
+    # Said, because wandb.* is accepted here too: only a sweep's trials log to W&B.
+    print(f"W&B: disabled for a single run (a sweep, sweep.py -m, logs one W&B run per trial); "
+          f"metrics in {TrialDir(out_dir).metrics}")
+    console = ConsoleReporter(trial.train.total_steps, description=trial.preset or "train")
+    from smallinit.sweeper.lock import TrialBusy, trial_lock
+    from smallinit.trainer.loop import ForeignFolder
+
+    folder = TrialDir(out_dir)
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    try:  # the same lock a sweep's worker holds: two resumes of one folder never train it together
+        with trial_lock(folder.lock):
+            result = run_trial(trial, out_dir, reporter=console, prepared=prepared)
+    except (TrialBusy, ForeignFolder) as e:
+        sys.exit(f"error: hydra.run.dir={out_dir}: {e}")
+    except DamagedFile as e:
+        sys.exit(f"error: {e}: move it aside to train the trial here again, or use another hydra.run.dir")
+    if result.final_val_loss is not None:
+        print(f"val loss {result.final_val_loss:.4f} (best {result.best_val_loss:.4f}; "
+              f"unigram entropy of the val tokens {result.unigram_entropy:.4f}) after {result.tokens:,} tokens")
+    extra = {k: v for k, v in result.final_metrics.items() if k.startswith("anchor/")}
+    if extra:
+        print("  ".join(f"{k} {v:.3f}" for k, v in extra.items()))
+    print(f"{result.tokens_per_s:,.0f} tokens/s, {result.wall_s:.1f} s; outputs in {out_dir}")
+    return result.final_val_loss
+
+
+def main() -> None:
+    from smallinit.core.errors import ConfigError
+    from smallinit.sweeper.precheck import precheck
+
+    conf = CONF_DIR
+    try:
+        precheck([a for a in sys.argv[1:] if a != "--show"], conf, show="--show" in sys.argv[1:])
+        if "--show" in sys.argv[1:]:
+            from smallinit.sweeper.show import show
+
+            for line in show([a for a in sys.argv[1:] if a != "--show"], conf):
+                print(line, flush=True)
+            return
+    except ConfigError as e:
+        sys.exit(f"error: {e}")
+    from smallinit.sweeper import stop
+
+    stop.install()
+    try:
+        run()
+        status = 0
+    except SystemExit as e:  # a refusal, an aborted sweep or failed trials: `error: ...` and 1
+        if isinstance(e.code, str):
+            print(e.code, file=sys.stderr)
+        status = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except KeyboardInterrupt:  # a stop signal outside Tune's loop: the driver unwound (Ray stopped)
+        print(f"stopped by {stop.signal_name()}", file=sys.stderr)
+        status = 1
+    # Everything is written by now (results, study, checkpoints, W&B files). Run the exit hooks
+    # (logging, Ray) and skip the interpreter's teardown, which after a Ray driver spends
+    # ~0.6 s in destructors (measured by bench/sweep_bench.py's timeline); every ending goes
+    # this way, so the status is set here rather than by an exception reaching the interpreter.
+    import atexit
+
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(stop.exit_status(status))
+
+
+if __name__ == "__main__":
+    main()

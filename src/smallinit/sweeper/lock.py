@@ -1,0 +1,195 @@
+"""One driver per sweep folder: `<sweep folder>/driver.lock`, held for the whole sweep.
+
+Two drivers on one folder would each plan the same trials and train them twice, into the
+same trial folders. The lock is a POSIX record lock (fcntl.lockf) on that file: the kernel
+drops it when its driver dies, `kill -9` included, so a lock left by a dead driver never
+blocks a rerun; it works across hosts on NFS. The file's text (pid, host, since) is for the
+message a second driver prints. Where the filesystem has no locks (ENOLCK), the text alone
+decides: a lock naming a dead pid on this host is stale and taken over.
+
+Taking the lock is also the sweep's first write to its folder, so an unwritable folder is
+refused here, in one line, before the study or any trial folder is created.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import socket
+import time
+from pathlib import Path
+
+from smallinit.core.errors import ConfigError
+
+LOCK_FILE = "driver.lock"
+
+
+class TrialBusy(RuntimeError):
+    """Another worker holds this trial folder's lock."""
+
+
+@contextlib.contextmanager
+def trial_lock(path: Path):
+    """Hold `path` (a trial folder's trial.lock) while this worker trains the trial. A second
+    worker on the same folder (whatever the grid or the number of drivers) gets TrialBusy at
+    once instead of training over the first. Same record lock as the driver's: the kernel drops
+    it when the worker dies."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            if e.errno in (errno.EACCES, errno.EAGAIN):
+                holder = _read(fd) or {}
+                raise TrialBusy(f"another worker is training this trial folder (pid {holder.get('pid')} on "
+                                f"{holder.get('host')}); it was not trained twice") from None
+            if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL):
+                raise
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname()}).encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # closing drops the lock
+
+
+def hold_driver_lock(sweep_dir: Path) -> DriverLock:
+    """Take the folder's lock for the rest of this process: released by an exit hook (sweep.py
+    runs them on every ending), and by the kernel if the process dies without them."""
+    import atexit
+
+    lock = DriverLock(sweep_dir)
+    lock.acquire()
+    atexit.register(lock.release)
+    return lock
+
+
+class DriverLock:
+    """`with DriverLock(sweep_dir):` the sweep; raises ConfigError if another driver holds it."""
+
+    def __init__(self, sweep_dir: Path):
+        self.sweep_dir = Path(sweep_dir)
+        self.path = self.sweep_dir / LOCK_FILE
+        self.fd: int | None = None
+        self.created: list[Path] = []  # folders this lock created, deepest first
+        self.took_over: dict | None = None  # the dead driver whose lock this one replaced
+
+    def __enter__(self) -> DriverLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+    def acquire(self) -> None:
+        try:
+            self.created = [p for p in (self.sweep_dir, *self.sweep_dir.parents) if not p.exists()]
+            self.sweep_dir.mkdir(parents=True, exist_ok=True)
+            while True:
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+                try:
+                    previous = self._lock(fd)
+                    # A driver that released between our open and our lock unlinked this file,
+                    # and a third may have created a new one: hold the lock on the file at the path.
+                    if os.path.exists(self.path) and os.stat(self.path).st_ino == os.fstat(fd).st_ino:
+                        break
+                except BaseException:
+                    os.close(fd)
+                    raise
+                os.close(fd)
+            self.fd = fd
+            if previous:
+                self.took_over = previous
+            text = json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                               "since": time.strftime("%Y-%m-%d %H:%M:%S %Z")})
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, text.encode(), 0)
+            os.fsync(fd)
+        except OSError as e:
+            self.release()
+            raise ConfigError(f"hydra.sweep.dir={str(self.sweep_dir)!r} is invalid: cannot write there "
+                              f"({e.strerror}: {e.filename or self.path}); choose a writable folder with "
+                              "name=... or hydra.sweep.dir=...") from None
+        if self.took_over:
+            h = self.took_over
+            print(f"taking over {self.path}: its driver (pid {h.get('pid')} on {h.get('host')}, "
+                  f"since {h.get('since')}) is gone", flush=True)
+
+    def _lock(self, fd: int) -> dict | None:
+        """Lock fd; return the text of a lock left by a dead driver (None for a fresh file)."""
+        holder = _read(fd)
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            if e.errno in (errno.EACCES, errno.EAGAIN):
+                raise ConfigError(self._in_use(_read(fd) or holder)) from None
+            if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL):
+                raise
+            # No record locks on this filesystem: trust the text where it can be checked.
+            if holder and not (holder.get("host") == socket.gethostname() and not _alive(holder.get("pid"))):
+                raise ConfigError(self._in_use(holder)) from None
+        return holder
+
+    def _in_use(self, holder: dict | None) -> str:
+        who = (f"pid {holder.get('pid')} on host {holder.get('host')}, since {holder.get('since')}"
+               if holder else "its lock file gives no pid")
+        return (f"{self.sweep_dir} is in use by another sweep driver ({who}); wait for it to end or stop it, "
+                f"or use another name=...")
+
+    def release(self) -> None:
+        if self.fd is not None:
+            # Unlink while holding the lock: a driver waiting on this file sees a stale inode and retries.
+            try:
+                self.path.unlink(missing_ok=True)
+            finally:
+                os.close(self.fd)
+                self.fd = None
+        for folder in self.created:  # a sweep refused before it wrote anything leaves no folder
+            try:
+                folder.rmdir()  # only if empty
+            except OSError:
+                break
+        self.created = []
+
+
+def live_driver(sweep_dir: Path) -> dict | None:
+    """The driver that holds sweep_dir's lock now ({"pid", "host", "since"}, or {} if its file
+    says nothing), None if no live driver does. For other folders only: a process that probes
+    a lock it holds itself drops it when the probe closes (POSIX record locks)."""
+    try:
+        fd = os.open(Path(sweep_dir) / LOCK_FILE, os.O_RDWR)
+    except OSError:
+        return None
+    try:
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            if e.errno in (errno.EACCES, errno.EAGAIN):
+                return _read(fd) or {}
+            holder = _read(fd)  # no record locks on this filesystem: trust the text where it can be checked
+            if holder and not (holder.get("host") == socket.gethostname() and not _alive(holder.get("pid"))):
+                return holder
+        return None
+    finally:
+        os.close(fd)
+
+
+def _read(fd: int) -> dict | None:
+    try:
+        text = os.pread(fd, 4096, 0).decode()
+        holder = json.loads(text) if text.strip() else None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    return holder if isinstance(holder, dict) else None
+
+
+def _alive(pid) -> bool:
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, TypeError, ValueError):
+        return True  # another user's process, or no pid to check: assume it runs
+    return True
