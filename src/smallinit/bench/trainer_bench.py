@@ -51,13 +51,14 @@ class MemoryReporter:
 
 def _targets():
     import smallinit.trainer.loop as loop
+    import smallinit.trainer.observer as observer
     from smallinit.trainer.distributed import Single
     from smallinit.trainer.tasks import LMTask
 
     # The periodic checkpoints go through the one-process Single.save; model.pt at the end
     # through the loop's own save_checkpoint.
     return {"eval": (LMTask, "evaluate"), "per_token_eval": (LMTask, "per_token_losses"),
-            "probes": (loop, "run_probes"), "checkpoints": (Single, "save"), "weights": (loop, "save_checkpoint")}
+            "probes": (observer, "run_probes"), "checkpoints": (Single, "save"), "weights": (loop, "save_checkpoint")}
 
 
 def trial_run(trial, root: Path) -> dict[str, float]:

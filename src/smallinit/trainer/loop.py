@@ -3,16 +3,15 @@
 Outputs in the trial folder (core.trial_dir.TrialDir names them): trial.json, metrics.jsonl,
 probes/, checkpoint.pt (checkpoint.dcp/ from several workers; removed when done),
 per_token_losses.npz, model.pt and, last, result.json, whose presence means the trial finished.
+With train.budgets, also budgets/<tokens>.json (trainer/budget_forks.py).
 
-With train.budgets (trainer/schedule.py) the run is the largest budget's, and at each smaller
-budget's fork step it takes a side trip: it checkpoints the stable state, trains that budget's
-cooldown, evaluates as a trial's final evaluation does, writes budgets/<tokens>.json, and puts
-the stable state back. metrics.jsonl, probes/ and the per-token losses follow the main run only.
+`run_trial` is the entry point; a `Trainer` does the work: set up in its constructor, trained
+by `fit()`, whose loop reads as the order of events in a step. Evaluation, probes and the
+reported rows are trainer/observer.py's; the budgets' cooldown branches trainer/budget_forks.py's.
 """
 
 from __future__ import annotations
 
-import copy
 import math
 import time
 from dataclasses import asdict, dataclass, field
@@ -24,15 +23,17 @@ import torch
 
 from smallinit.core import provenance
 from smallinit.core.trial_dir import TrialDir, unusable
-from smallinit.model import Transformer, run_probes
+from smallinit.model import Transformer
 
+from .budget_forks import BudgetForks
 from .checkpoint import save_checkpoint
 from .config import TrialConfig, flops_per_token
 from .distributed import Single
 from .host_memory import retain_freed_memory
+from .observer import Observer
 from .precision import autocast_for, resolve_dtype
 from .reporting import JsonlReporter, MultiReporter, Reporter, Timer
-from .schedule import Branch, branch_lr_at, budget_branches, budget_warmup, lr_at
+from .schedule import Branch, lr_at
 from .tasks import make_task
 
 # Reading the loss on the host every step makes a GPU wait for its queue to drain; on an
@@ -108,14 +109,6 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def _is_heatmap_step(step: int, total: int, every: int) -> bool:
-    """Keep cosine matrices at step 0, log-spaced probe steps and the end."""
-    if step in (0, total):
-        return True
-    k = step // every
-    return step % every == 0 and (k & (k - 1)) == 0
-
-
 def run_trial(trial: TrialConfig, out_dir: Path, reporter: Reporter | None = None, log=print, prepared=None,
               dist=None) -> TrialResult:
     """Train one trial into out_dir, resuming from its checkpoint if one is there. `dist` is
@@ -125,249 +118,255 @@ def run_trial(trial: TrialConfig, out_dir: Path, reporter: Reporter | None = Non
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     folder = TrialDir(out_dir)
-    t, identity = trial.train, trial.identity(dist.world)  # N > 1 workers: their own trial
+    identity = trial.identity(dist.world)  # N > 1 workers: their own trial
     finished = folder.read_result()
     if finished is not None:
         if finished["identity"] != identity:
             raise ForeignFolder(_not_this_trial(out_dir, "finished trial", finished["identity"], trial, dist.world))
         log(f"trial {identity} already finished in {out_dir}")
         return TrialResult(**finished)
-    if t.threads:
-        torch.set_num_threads(t.threads)
-    # A checkpoint of another trial (this one on another worker count, most often) is refused
-    # before trial.json is rewritten: the folder stays that trial's, to finish where it began.
-    # Rank 0 reads, every rank raises the same line.
-    refused = dist.share(_foreign_checkpoint(folder, trial, dist.world) if dist.is_main else None)
-    if refused:
-        raise ForeignFolder(refused)
-    if dist.is_main:
-        folder.write_trial(identity, trial.to_dict(), dist.world)
-    made_by = {**provenance.record(), "threads": torch.get_num_threads(), "workers": dist.world} if dist.is_main else None
-    device = resolve_device(t.device) if dist.world == 1 else dist.device
-    precision = resolve_dtype(device, t.dtype)
-    log(f"dtype: {precision.dtype} ({precision.reason})")
-    if device.type == "cpu":
-        log(f"host allocator: {retain_freed_memory()}")
-    autocast = autocast_for(device, precision.dtype)
-    task = make_task(trial, log=log, prepared=prepared)
+    return Trainer(trial, folder, reporter, log, prepared, dist).fit()
 
-    model = Transformer(trial.model).to(device)
-    step_model = dist.wrap(model)  # the model itself, or its DDP wrapper (FSDP shards it in place)
-    optimizer = make_optimizer(model, trial.optim)
-    total = t.total_steps
-    # With budgets the main run is the largest budget's branch; the others fork off it.
-    branches = budget_branches(t.budgets, t.tokens_per_step, t.cooldown_frac) if t.budgets else []
-    warmup = budget_warmup(branches, trial.optim) if branches else 0
-    main = max(branches, key=lambda b: b.steps) if branches else None
-    side = [b for b in branches if b is not main]
 
-    def lr_for(step: int) -> float:
-        return branch_lr_at(step, main, warmup, trial.optim) if main else lr_at(step, total, trial.optim)
+class LossMeter:
+    """Training losses: summed on the device since the last read (`pending`), and on the host
+    since the last logged row (`loss_sum`, over `micro_batches`)."""
 
-    start, best, prior_wall, prior_train = 0, None, 0.0, 0.0
-    state = dist.resume(folder, identity, step_model, optimizer, device, log)  # loaded; its step and timers here
-    if state is not None:
-        start, best = state["step"], state["best_val_loss"]
-        prior_wall, prior_train = state["wall_s"], state["train_s"]
-    # Rank 0 reads the budget files (and sets a bad one aside); every rank follows its word.
-    budgets_done, restart = dist.share(_budgets_done(folder, side, identity, state, log) if dist.is_main else None)
-    if restart:  # past the fork of a branch with no result of its own: only a run from step 0 goes through it
+    def __init__(self, device: torch.device, dist, start: int):
+        self.dist = dist
+        self.pending = torch.zeros((), device=device)
+        self.loss_sum, self.micro_batches, self.last_read = 0.0, 0, start
+
+    def read(self, step: int) -> None:
+        """Moves the losses of the steps since the last read to the host; raises if one diverged."""
+        self.loss_sum += _check_finite(self.dist.mean(self.pending), self.last_read + 1, step)
+        self.pending.zero_()
+        self.last_read = step
+
+
+class Trainer:
+    """One trial's training. The constructor sets it up (folder, device, data, model, optimizer,
+    the checkpoint it resumes from); fit() trains to the end and writes the result. The concerns
+    around the steps are parts of their own: `observer` (evaluation, probes, the reported rows,
+    trainer/observer.py) and `forks` (the budgets' cooldown branches, trainer/budget_forks.py);
+    checkpoints and the check that the folder is still this trial's are methods here."""
+
+    def __init__(self, trial: TrialConfig, folder: TrialDir, reporter: Reporter | None, log, prepared, dist):
+        self.trial, self.folder, self.log, self.dist = trial, folder, log, dist
+        t = trial.train
+        self.identity, self.total = trial.identity(dist.world), t.total_steps
+        self.made_by = self._claim_folder()
+        self.device = resolve_device(t.device) if dist.world == 1 else dist.device
+        self.precision = resolve_dtype(self.device, t.dtype)
+        log(f"dtype: {self.precision.dtype} ({self.precision.reason})")
+        if self.device.type == "cpu":
+            log(f"host allocator: {retain_freed_memory()}")
+        self.autocast = autocast_for(self.device, self.precision.dtype)
+        self.task = make_task(trial, log=log, prepared=prepared)
+        self._build_model()
+        self.forks = BudgetForks(self)  # with budgets the main run is the largest budget's branch
+        best = self._resume()
+        self.sync_every = _sync_every(self.device)
+        jsonl = JsonlReporter(folder.metrics, resume_step=self.start if self.resumed else None) if dist.is_main else None
+        self.report = MultiReporter(jsonl, reporter)
+        self.fwd = torch.compile(self.step_model) if t.compile else self.step_model
+        self.probe_idx = self.task.probe_idx.to(self.device)
+        self.flops_tok, self.peak = flops_per_token(trial), peak_flops(trial, self.device)
         if dist.is_main:
-            folder.drop_checkpoint()
-        model = Transformer(trial.model).to(device)  # init.seed: the same weights the first start drew
-        step_model, optimizer = dist.wrap(model), make_optimizer(model, trial.optim)
-        state, start, best, prior_wall, prior_train = None, 0, None, 0.0, 0.0
-    if state is not None:
-        note = f" (budgets done: {', '.join(str(b) for b in sorted(budgets_done))})" if budgets_done else ""
-        log(f"resuming {identity} from step {start}/{total}{note}")
-    jsonl = JsonlReporter(folder.metrics, resume_step=start if state is not None else None) if dist.is_main else None
-    report = MultiReporter(jsonl, reporter)
-    fwd = torch.compile(step_model) if t.compile else step_model
-    probe_idx = task.probe_idx.to(device)
-    flops_tok, peak = flops_per_token(trial), peak_flops(trial, device)
-    if dist.is_main:
-        folder.probes.mkdir(exist_ok=True)
+            folder.probes.mkdir(exist_ok=True)
+        self.observer = Observer(self, best)
 
-    def check_folder() -> None:  # every rank raises together, or none does
-        gone = dist.share(_folder_gone(folder, identity) if dist.is_main else None)
+    def fit(self) -> TrialResult:
+        """Train steps start..total: each step, then whatever is due after it (a logged row with
+        its evaluation and probes, a checkpoint, the budget branches that fork there); then the
+        final weights and the result."""
+        t = self.trial.train
+        self.t0, self.timer = time.perf_counter(), Timer()
+        self.model.train()
+        if self.start == 0:
+            self.observer.observe(0, {"tokens": 0})
+        meter = LossMeter(self.device, self.dist, self.start)
+        grad_norm = torch.full((), float("nan"), device=self.device)
+        self.interval_start = self.timer.elapsed
+        try:
+            if self.start > 0:
+                self.forks.fork(self.start)  # killed during a side trip: its checkpoint is the fork's stable state
+            for step in range(self.start, self.total):
+                with self.timer:
+                    lr = self.lr_for(step)
+                    norm = self.train_step(step, lr, meter.pending)
+                    grad_norm = grad_norm if norm is None else norm
+                    meter.micro_batches += t.grad_accum
+                done = step + 1
+                row_due, ckpt_due = self.observer.row_due(done), self.checkpoint_due(done)
+                if row_due or ckpt_due or done % self.sync_every == 0:
+                    meter.read(done)
+                if row_due:
+                    self.observer.observe(done, self.train_stats(done, lr, grad_norm, meter))
+                if ckpt_due:
+                    self.checkpoint(done)
+                self.forks.fork(done)
+            per_token = self.save_final()
+        finally:
+            self.report.close()
+        return self.finish(per_token)
+
+    # ---- setup ----
+
+    def _claim_folder(self) -> dict[str, Any] | None:
+        """Refuses another trial's checkpoint, then writes trial.json; returns made_by (rank 0's)."""
+        dist, t = self.dist, self.trial.train
+        if t.threads:
+            torch.set_num_threads(t.threads)
+        # A checkpoint of another trial (this one on another worker count, most often) is refused
+        # before trial.json is rewritten: the folder stays that trial's, to finish where it began.
+        # Rank 0 reads, every rank raises the same line.
+        refused = dist.share(_foreign_checkpoint(self.folder, self.trial, dist.world) if dist.is_main else None)
+        if refused:
+            raise ForeignFolder(refused)
+        if not dist.is_main:
+            return None
+        self.folder.write_trial(self.identity, self.trial.to_dict(), dist.world)
+        return {**provenance.record(), "threads": torch.get_num_threads(), "workers": dist.world}
+
+    def _build_model(self) -> None:
+        self.model = Transformer(self.trial.model).to(self.device)  # init.seed: the same weights on every start
+        self.step_model = self.dist.wrap(self.model)  # the model itself, or its DDP wrapper (FSDP shards it in place)
+        self.optimizer = make_optimizer(self.model, self.trial.optim)
+
+    def _resume(self) -> float | None:
+        """Loads this trial's checkpoint, if any, and sets start, the timers so far and
+        forks.done; returns the best validation loss so far."""
+        dist, folder, log = self.dist, self.folder, self.log
+        self.start, best, self.prior_wall, self.prior_train = 0, None, 0.0, 0.0
+        state = dist.resume(folder, self.identity, self.step_model, self.optimizer, self.device, log)  # loaded; its step and timers here
+        if state is not None:
+            self.start, best = state["step"], state["best_val_loss"]
+            self.prior_wall, self.prior_train = state["wall_s"], state["train_s"]
+        # Rank 0 reads the budget files (and sets a bad one aside); every rank follows its word.
+        self.forks.done, restart = dist.share(
+            _budgets_done(folder, self.forks.side, self.identity, state, log) if dist.is_main else None)
+        if restart:  # past the fork of a branch with no result of its own: only a run from step 0 goes through it
+            if dist.is_main:
+                folder.drop_checkpoint()
+            self._build_model()
+            state, self.start, best, self.prior_wall, self.prior_train = None, 0, None, 0.0, 0.0
+        self.resumed = state is not None
+        if self.resumed:
+            done = self.forks.done
+            note = f" (budgets done: {', '.join(str(b) for b in sorted(done))})" if done else ""
+            log(f"resuming {self.identity} from step {self.start}/{self.total}{note}")
+        return best
+
+    # ---- a step ----
+
+    def lr_for(self, step: int) -> float:
+        """The main run's lr: the largest budget's branch with budgets, else the trial's schedule."""
+        return self.forks.main_lr(step) if self.forks.main else lr_at(step, self.total, self.trial.optim)
+
+    def loss_meter(self, start: int) -> LossMeter:
+        return LossMeter(self.device, self.dist, start)
+
+    def train_step(self, step: int, lr: float, pending: torch.Tensor) -> torch.Tensor | None:
+        """One optimizer step at lr; adds its micro-batches' losses to pending. Returns the
+        gradient norm before clipping (None without clipping)."""
+        t, optim, task = self.trial.train, self.trial.optim, self.task
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        for micro in range(t.grad_accum):
+            x, y = self.dist.local(*task.train_batch(step * t.grad_accum + micro))
+            x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+            with self.autocast():
+                logits, aux = self.fwd(x, return_aux=True)
+                loss = task.loss(logits, y) + self.trial.model.ffn.aux_loss_coef * aux
+            (loss / t.grad_accum).backward()
+            pending += loss.detach().float()
+            if self.sync_every == 1:  # the CPU: catch a NaN before the optimizer step uses it
+                _check_finite(self.dist.mean(pending), step + 1, step + 1)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), optim.grad_clip) if optim.grad_clip else None
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return grad_norm
+
+    def train_stats(self, step: int, lr: float, grad_norm: torch.Tensor, meter: LossMeter) -> dict[str, float]:
+        """The training part of step's row, over the steps since the last row (which it resets)."""
+        t = self.trial.train
+        grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
+        interval = self.timer.elapsed - self.interval_start
+        steps_in_interval = meter.micro_batches / t.grad_accum
+        tok_s = steps_in_interval * t.batch_size * t.seq_len * t.grad_accum / max(interval, 1e-9)
+        stats = {"train/loss": meter.loss_sum / meter.micro_batches, "train/lr": lr, "train/grad_norm": grad_norm,
+                 "tokens": step * t.tokens_per_step, "perf/tokens_per_s": tok_s}
+        if self.peak:
+            stats["perf/mfu"] = tok_s * self.flops_tok / self.peak
+        meter.loss_sum, meter.micro_batches, self.interval_start = 0.0, 0, self.timer.elapsed
+        return stats
+
+    # ---- checkpoints and the folder ----
+
+    def checkpoint_due(self, step: int) -> bool:
+        t = self.trial.train
+        return bool(t.ckpt_every and step % t.ckpt_every == 0 and step < self.total)
+
+    def check_folder(self) -> None:
+        """Raises FolderRemoved if the folder is no longer this trial's: every rank, or none."""
+        gone = self.dist.share(_folder_gone(self.folder, self.identity) if self.dist.is_main else None)
         if gone:
             raise FolderRemoved(gone)
 
-    def checkpoint(step: int) -> None:
-        check_folder()
-        dist.save(folder, step_model, optimizer, {
-            "identity": identity, "step": step, "best_val_loss": best, "wall_s": prior_wall + time.perf_counter() - t0,
-            "train_s": prior_train + timer.elapsed, "budgets_done": sorted(budgets_done),
+    def checkpoint(self, step: int) -> None:
+        self.check_folder()
+        self.dist.save(self.folder, self.step_model, self.optimizer, {
+            "identity": self.identity, "step": step, "best_val_loss": self.observer.best,
+            "wall_s": self.prior_wall + time.perf_counter() - self.t0, "train_s": self.prior_train + self.timer.elapsed,
+            "budgets_done": sorted(self.forks.done),
         })
 
-    def train_step(step: int, lr: float, pending: torch.Tensor) -> torch.Tensor | None:
-        """One optimizer step at lr; adds its micro-batches' losses to pending. Returns the
-        gradient norm before clipping (None without clipping)."""
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        for micro in range(t.grad_accum):
-            x, y = dist.local(*task.train_batch(step * t.grad_accum + micro))
-            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-            with autocast():
-                logits, aux = fwd(x, return_aux=True)
-                loss = task.loss(logits, y) + trial.model.ffn.aux_loss_coef * aux
-            (loss / t.grad_accum).backward()
-            pending += loss.detach().float()
-            if sync_every == 1:  # the CPU: catch a NaN before the optimizer step uses it
-                _check_finite(dist.mean(pending), step + 1, step + 1)
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), trial.optim.grad_clip) if trial.optim.grad_clip else None
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        return grad_norm
+    # ---- the end ----
 
-    def run_branch(branch: Branch) -> None:
-        """Train branch's cooldown from the stable state at its fork, evaluate it as the final
-        evaluation of a trial does, and write budgets/<tokens>.json."""
-        b0, pending, loss_sum, last_read = time.perf_counter(), torch.zeros((), device=device), 0.0, branch.fork
-        for step in range(branch.fork, branch.steps):
-            lr = branch_lr_at(step, branch, warmup, trial.optim)
-            train_step(step, lr, pending)
-            if (step + 1) % sync_every == 0 or step + 1 == branch.steps:
-                loss_sum += _check_finite(dist.mean(pending), last_read + 1, step + 1)
-                pending.zero_()
-                last_read = step + 1
-        metrics = {"train/loss": loss_sum / (branch.cooldown * t.grad_accum), "train/lr": lr,
-                   "tokens": branch.steps * t.tokens_per_step}
-        whole = dist.full_model(model)  # every rank calls it (FSDP gathers); rank 0 evaluates
-        if dist.is_main:
-            whole.eval()
-            metrics.update(task.evaluate(fwd if dist.world == 1 else whole, device, autocast))
-            whole.train()
-            if t.probe_every:
-                metrics.update(run_probes(whole, probe_idx).scalars)
-        metrics = dist.share(metrics)
-        val = metrics.get("val/loss")
-        wall = time.perf_counter() - b0
-        tok_s = branch.cooldown * t.tokens_per_step / max(wall, 1e-9)
-        # best_val_loss: over the stable evaluations up to the fork and the branch's end.
-        result = TrialResult(
-            identity=identity, steps=branch.steps, tokens=branch.steps * t.tokens_per_step, n_params=model.num_params(),
-            final_val_loss=val, best_val_loss=min(v for v in (best, val) if v is not None) if val is not None else best,
-            unigram_entropy=task.unigram_entropy, corpus_tokens=task.corpus_tokens, wall_s=wall, tokens_per_s=tok_s,
-            mfu=(tok_s * flops_tok / peak) if peak else None, dtype=precision.dtype, final_metrics=metrics,
-            budget_tokens=branch.tokens, made_by=made_by,
-        )
-        if dist.is_main:
-            folder.write_budget_result(branch.tokens, asdict(result))
-        budgets_done.add(branch.tokens)
-        log(f"budget {branch.tokens:,} tokens: val loss {val} (cooldown steps {branch.fork}-{branch.steps}, {wall:.1f} s)")
-
-    def fork(step: int) -> None:
-        """The side trips that fork at step: each from the same stable state, put back after."""
-        todo = [b for b in side if b.fork == step and b.tokens not in budgets_done]
-        if not todo:
-            return
-        checkpoint(step)  # the stable state: a kill during a branch resumes from its fork
-        stable = copy.deepcopy({"model": model.state_dict(), "optimizer": optimizer.state_dict()})
-        rng = torch.get_rng_state()  # nothing in a step draws from it today; kept so nothing can drift
-        for branch in todo:
-            run_branch(branch)
-            model.load_state_dict(stable["model"])
-            # A copy each time: the optimizer keeps the tensors it is given and updates them in place.
-            optimizer.load_state_dict(copy.deepcopy(stable["optimizer"]))
-            torch.set_rng_state(rng)
-
-    def observe(step: int, train_stats: dict[str, float]) -> dict[str, float]:
-        nonlocal best
-        metrics = dict(train_stats)
-        evaluate = step % t.eval_every == 0 or step == total
-        probe = t.probe_every and (step % t.probe_every == 0 or step == total)
-        whole = dist.full_model(model) if evaluate or probe else None  # every rank calls it (FSDP gathers)
-        if evaluate:
-            if dist.is_main:
-                whole.eval()
-                metrics.update(task.evaluate(fwd if dist.world == 1 else whole, device, autocast))
-                whole.train()
-            metrics = dist.share(metrics)  # every rank reports each evaluation (Ray Train's report is collective)
-            if "val/loss" in metrics:
-                best = metrics["val/loss"] if best is None else min(best, metrics["val/loss"])
-                metrics["val/best_loss"] = best
-        if probe and dist.is_main:
-            probes = run_probes(whole, probe_idx)
-            metrics.update(probes.scalars)
-            if _is_heatmap_step(step, total, t.probe_every):
-                np.savez_compressed(folder.probe_snapshot(step),
-                                    **{k: v.numpy().astype(np.float16) for k, v in probes.cosine_matrices.items()})
-        if len(metrics) > len(train_stats) or "train/loss" in metrics:
-            report.log(step, metrics)
-        return metrics
-
-    t0, timer = time.perf_counter(), Timer()
-    model.train()
-    last: dict[str, float] = {}
-    if start == 0:
-        last = observe(0, {"tokens": 0})
-    sync_every = _sync_every(device)
-    loss_sum, loss_n, interval_start = 0.0, 0, timer.elapsed
-    pending = torch.zeros((), device=device)  # losses summed on the device since the last read
-    grad_norm_t = torch.full((), float("nan"), device=device)
-    last_read = start
-    try:
-        if start > 0:
-            fork(start)  # killed during a side trip: its checkpoint is the fork's stable state
-        for step in range(start, total):
-            with timer:
-                lr = lr_for(step)
-                norm = train_step(step, lr, pending)
-                grad_norm_t = grad_norm_t if norm is None else norm
-                loss_n += t.grad_accum
-            done = step + 1
-            due = (done % t.eval_every == 0 or done == total or (t.probe_every and done % t.probe_every == 0)
-                   or (t.log_every and done % t.log_every == 0))
-            ckpt_due = t.ckpt_every and done % t.ckpt_every == 0 and done < total
-            if due or ckpt_due or done % sync_every == 0:
-                loss_sum += _check_finite(dist.mean(pending), last_read + 1, done)
-                pending.zero_()
-                last_read = done
-            if due:
-                grad_norm = float(grad_norm_t.full_tensor() if hasattr(grad_norm_t, "full_tensor") else grad_norm_t)
-                interval = timer.elapsed - interval_start
-                steps_in_interval = loss_n / t.grad_accum
-                tok_s = steps_in_interval * t.batch_size * t.seq_len * t.grad_accum / max(interval, 1e-9)
-                stats = {"train/loss": loss_sum / loss_n, "train/lr": lr, "train/grad_norm": grad_norm,
-                         "tokens": done * t.tokens_per_step, "perf/tokens_per_s": tok_s}
-                if peak:
-                    stats["perf/mfu"] = tok_s * flops_tok / peak
-                last = observe(done, stats)
-                loss_sum, loss_n, interval_start = 0.0, 0, timer.elapsed
-            if ckpt_due:
-                checkpoint(done)
-            fork(done)
-        check_folder()
-        whole = dist.full_model(model)
-        per_token = task.per_token_losses(whole.eval(), device, autocast) if dist.is_main else {}  # the main run's (largest budget's) model
+    def save_final(self) -> bool:
+        """The main run's (largest budget's) per-token losses, and its final weights, kept for
+        later analysis without the optimizer state, which is twice their size and only ever
+        needed to resume. Returns whether per-token losses were written."""
+        self.check_folder()
+        dist, folder = self.dist, self.folder
+        whole = dist.full_model(self.model)
+        per_token = self.task.per_token_losses(whole.eval(), self.device, self.autocast) if dist.is_main else {}
         if per_token:
             np.savez_compressed(folder.per_token_losses, **per_token)
-        # Done: keep the final weights (for later analysis), drop the optimizer state, which
-        # is twice their size and only ever needed to resume.
         if dist.is_main:
-            save_checkpoint(folder.model_weights, {"identity": identity, "step": total, "model": whole.state_dict()})
-    finally:
-        report.close()
+            save_checkpoint(folder.model_weights, {"identity": self.identity, "step": self.total, "model": whole.state_dict()})
+        return bool(per_token)
 
-    tokens = total * t.tokens_per_step
-    tok_s = (total - start) * t.tokens_per_step / max(timer.elapsed, 1e-9) if total > start else float("nan")
-    result = TrialResult(
-        identity=identity, steps=total, tokens=tokens, n_params=model.num_params(),
-        final_val_loss=last.get("val/loss"), best_val_loss=best, unigram_entropy=task.unigram_entropy,
-        corpus_tokens=task.corpus_tokens,
-        wall_s=prior_wall + time.perf_counter() - t0, tokens_per_s=tok_s,
-        mfu=(tok_s * flops_tok / peak) if peak else None, dtype=precision.dtype, final_metrics=last,
-        artifacts=folder.artifacts(per_token_losses=bool(per_token)) if dist.is_main else {}, budget_tokens=main.tokens if main else None,
-        made_by=made_by,
-    )
-    if not dist.is_main:
+    def result(self, steps: int, metrics: dict[str, float], best: float | None, wall_s: float, tokens_per_s: float,
+               budget_tokens: int | None, artifacts: dict[str, str] | None = None) -> TrialResult:
+        """A TrialResult for the model as it is after `steps` steps, its last row `metrics`."""
+        return TrialResult(
+            identity=self.identity, steps=steps, tokens=steps * self.trial.train.tokens_per_step,
+            n_params=self.model.num_params(), final_val_loss=metrics.get("val/loss"), best_val_loss=best,
+            unigram_entropy=self.task.unigram_entropy, corpus_tokens=self.task.corpus_tokens, wall_s=wall_s,
+            tokens_per_s=tokens_per_s, mfu=(tokens_per_s * self.flops_tok / self.peak) if self.peak else None,
+            dtype=self.precision.dtype, final_metrics=metrics, artifacts=artifacts or {}, budget_tokens=budget_tokens,
+            made_by=self.made_by,
+        )
+
+    def finish(self, per_token: bool) -> TrialResult:
+        """The trial's result; rank 0 writes it (result.json last: its presence means finished)."""
+        t, start, total = self.trial.train, self.start, self.total
+        tok_s = (total - start) * t.tokens_per_step / max(self.timer.elapsed, 1e-9) if total > start else float("nan")
+        main = self.forks.main
+        result = self.result(
+            total, self.observer.last, best=self.observer.best, wall_s=self.prior_wall + time.perf_counter() - self.t0,
+            tokens_per_s=tok_s, budget_tokens=main.tokens if main else None,
+            artifacts=self.folder.artifacts(per_token_losses=per_token) if self.dist.is_main else {},
+        )
+        if not self.dist.is_main:
+            return result
+        if main:
+            self.folder.write_budget_result(main.tokens, asdict(result))
+        self.folder.write_result(asdict(result))
+        self.folder.drop_checkpoint()  # after result.json: a kill in between still resumes
         return result
-    if main:
-        folder.write_budget_result(main.tokens, asdict(result))
-    folder.write_result(asdict(result))
-    folder.drop_checkpoint()  # after result.json: a kill in between still resumes
-    return result
 
 
 def _not_this_trial(out_dir: Path, what: str, other: str, trial: TrialConfig, world: int) -> str:
