@@ -72,7 +72,7 @@ def test_the_walker_sees_lazy_and_private_imports(tmp_path):
     # The walker sees a lazy, upward import; without this the tests above could pass vacuously.
     pkg = tmp_path / "model"
     pkg.mkdir()
-    (pkg / "x.py").write_text("def f():\n    from smallinit.sweeper.core import _private\n")
+    (pkg / "x.py").write_text("def f():\n    from smallinit.sweeper.driver import _private\n")
     found = list(_imports("model", tmp_path))
     assert [(top, names) for _, _, top, names in found] == [("sweeper", ["_private"])]
 
