@@ -58,9 +58,9 @@ test-full: install ## Run every test, slow ones included
 	$(PY) -m pytest $(ARGS)
 
 report: install ## Build the HTML report of sweeps/smallinit (`make sweep`'s; else the newest sweep), or SWEEP=dir[,dir...]
-	$(PY) -m smallinit.experiments.report $(if $(SWEEP),--sweep $(SWEEP),) $(ARGS)
+	$(PY) -m smallinit.experiments.report.report $(if $(SWEEP),--sweep $(SWEEP),) $(ARGS)
 compare: install ## Compare two sweep folders (A=dir B=dir): fixed overrides that differ, swept keys, trials in both
-	$(PY) -m smallinit.experiments.compare $(A) $(B)
+	$(PY) -m smallinit.experiments.data.compare $(A) $(B)
 
 # The CPU forms of the paper's studies (src/smallinit/conf/experiment/), each with the command(s) its record names
 # (docs/results/<exp>/command.txt, else the experiment alone), then its report and any check the
@@ -76,13 +76,13 @@ experiments: install ## Run every CPU experiment, report each, rewrite docs/resu
 	  if [ -f $$cmds ]; then \
 	    while read -r c; do [ -z "$$c" ] || $(PY) $${c#python } $(ARGS) < /dev/null; done < $$cmds; \
 	  else $(PY) sweep.py -m +experiment=$$e $(ARGS); fi; \
-	  $(PY) -m smallinit.experiments.report --sweep sweeps/$$e; \
+	  $(PY) -m smallinit.experiments.report.report --sweep sweeps/$$e; \
 	  checks=docs/results/$$e/checks.txt; \
 	  if [ -f $$checks ]; then \
 	    while read -r c; do [ -z "$$c" ] || $(PY) $${c#python } < /dev/null; done < $$checks; \
 	  fi; \
 	done
-	$(PY) -m smallinit.experiments.results_doc --collect
+	$(PY) -m smallinit.experiments.records.results_doc --collect
 
 # bench/results.json is rewritten whole; docs/benchmarks.md's tables are generated from it
 # (even after a failed benchmark, whose entry records the error; the exit status is the bench's).
@@ -93,7 +93,7 @@ lint: install ## ruff check
 	$(VENV)/bin/ruff check .
 
 dashboard: install ## optuna-dashboard on the newest sweep's study (or SWEEP=sweeps/<name>, or STORAGE=postgresql://...)
-	$(PY) -m smallinit.sweeper.dashboard $(SWEEP) $(if $(STORAGE),--storage '$(STORAGE)',) $(ARGS)
+	$(PY) -m smallinit.sweeper.study.dashboard $(SWEEP) $(if $(STORAGE),--storage '$(STORAGE)',) $(ARGS)
 
 clean: ## Remove build and test debris (keeps sweeps, reports and the venv)
 	rm -rf .pytest_cache .ruff_cache build *.egg-info src/*.egg-info

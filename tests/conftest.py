@@ -98,7 +98,7 @@ def tiny_sweep(tmp_path_factory, data_cache) -> Path:
 @pytest.fixture(scope="session")
 def empty_study_db(tmp_path_factory) -> Path:
     """An empty Optuna database, created once: its schema takes seconds to write on 2 cores."""
-    from smallinit.sweeper.study import default_storage_url, open_storage
+    from smallinit.sweeper.study.study import default_storage_url, open_storage
 
     folder = tmp_path_factory.mktemp("empty-study")
     open_storage(default_storage_url(folder)).engine.dispose()
@@ -194,7 +194,7 @@ WIDTHS = "64,128,256"
 
 
 def report_cli(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "smallinit.experiments.report", *args], cwd=cwd, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "smallinit.experiments.report.report", *args], cwd=cwd, capture_output=True,
                           text=True, timeout=600, env={**os.environ, "PYTHONPATH": os.pathsep.join([os.path.join(REPO, "src"), str(REPO)])})
 
 
@@ -221,7 +221,7 @@ def trial_of(experiment, *overrides):
 def grid_trials(experiment):
     from omegaconf import OmegaConf
 
-    from smallinit.sweeper.space import parse_sweep
+    from smallinit.sweeper.config.space import parse_sweep
 
     base = compose_with_hydra([f"+experiment={experiment}"])
     params = OmegaConf.to_container(base.hydra.sweeper.params)

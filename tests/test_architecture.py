@@ -1,9 +1,15 @@
-"""The floors: which package may import which (README "Layout"). A new import that goes up a
-floor, or a private name taken from another package, fails here rather than in review."""
+"""The floors: which package may import which (README "Layout"), and inside a package split into
+folders (experiments/, sweeper/) which folder may import which. A new import that goes up a floor,
+or a private name taken from another package, fails here rather than in review.
+
+The floors are declared in one place each: the packages' in ALLOWED below, the folders' on the
+`May import:` line of each folder's __init__.py docstring (read here, so the docstring a reader
+sees is the rule the test enforces)."""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -35,26 +41,47 @@ def _top(module: str) -> str:
     return parts[1] if parts[0] == "smallinit" and len(parts) > 1 else parts[0]
 
 
+def _module_name(path: Path, home: Path) -> str:
+    """src/smallinit/experiments/stats/paired.py -> smallinit.experiments.stats.paired (an
+    __init__.py names its package)."""
+    parts = path.relative_to(home).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imported(node: ast.ImportFrom | ast.Import, module: str, is_init: bool) -> list[tuple[str, list[str]]]:
+    """(module imported, names taken from it) of one import statement; a relative import resolved
+    against the importing module."""
+    if isinstance(node, ast.Import):
+        return [(a.name, []) for a in node.names]
+    if node.level:
+        base = module.split(".")
+        base = base[:len(base) - node.level + (1 if is_init else 0)]
+        return [(".".join([*base, *([node.module] if node.module else [])]), [a.name for a in node.names])]
+    return [(node.module, [a.name for a in node.names])] if node.module else []
+
+
 def _imports(package: str, root: Path | None = None):
-    """(file, line, imported top-level package, imported names) for every import in package,
-    those inside functions included (a lazy import is still a dependency)."""
-    for path in sorted(((_home(package) if root is None else root) / package).rglob("*.py")):
+    """(file, line, imported top-level package, imported names, imported module) for every import
+    in package, those inside functions included (a lazy import is still a dependency)."""
+    home = _home(package) if root is None else root
+    for path in sorted((home / package).rglob("*.py")):
+        module = _module_name(path, SRC if root is None else root)
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.Import):
-                for a in node.names:
-                    yield path, node.lineno, _top(a.name), []
-            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module == "smallinit":
-                for a in node.names:  # from smallinit import trainer: the package by name
-                    yield path, node.lineno, a.name, []
-            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                yield path, node.lineno, _top(node.module), [a.name for a in node.names]
+            if not isinstance(node, ast.Import | ast.ImportFrom):
+                continue
+            for target, names in _imported(node, module, path.name == "__init__.py"):
+                if target == "smallinit":
+                    for n in names:  # from smallinit import trainer: the package by name
+                        yield path, node.lineno, n, [], f"smallinit.{n}"
+                else:
+                    yield path, node.lineno, _top(target), names, target
 
 
 @pytest.mark.parametrize("package", list(ALLOWED))
 def test_imports_go_down_the_floors(package):
     ours = set(ALLOWED)
     wrong = [f"{p.relative_to(REPO)}:{line} imports {top}"
-             for p, line, top, _ in _imports(package)
+             for p, line, top, _, _ in _imports(package)
              if top in ours and top != package and top not in ALLOWED[package]]
     assert not wrong, f"{package} may import only {sorted(ALLOWED[package])}:\n" + "\n".join(wrong)
 
@@ -62,7 +89,7 @@ def test_imports_go_down_the_floors(package):
 @pytest.mark.parametrize("package", list(ALLOWED))
 def test_no_private_name_crosses_packages(package):
     wrong = [f"{p.relative_to(REPO)}:{line} takes {n} from {top}"
-             for p, line, top, names in _imports(package)
+             for p, line, top, names, _ in _imports(package)
              if top in ALLOWED and top != package
              for n in names if n.startswith("_") and not n.startswith("__")]
     assert not wrong, "\n".join(wrong)
@@ -72,18 +99,118 @@ def test_the_walker_sees_lazy_and_private_imports(tmp_path):
     # The walker sees a lazy, upward import; without this the tests above could pass vacuously.
     pkg = tmp_path / "model"
     pkg.mkdir()
-    (pkg / "x.py").write_text("def f():\n    from smallinit.sweeper.core import _private\n")
+    (pkg / "x.py").write_text("def f():\n    from smallinit.sweeper.driver import _private\n")
     found = list(_imports("model", tmp_path))
-    assert [(top, names) for _, _, top, names in found] == [("sweeper", ["_private"])]
+    assert [(top, names) for _, _, top, names, _ in found] == [("sweeper", ["_private"])]
 
 
-def _module_deps(root: Path = REPO) -> dict[str, set[str]]:
+# ---------------------------------------------------------------- folders inside a package
+
+MAX_MODULES = 12  # a folder past this is split by concern, as experiments/ and sweeper/ were
+MAY_IMPORT = re.compile(r"^May import: (.+)$", re.M)
+
+
+def _folders(package_dir: Path) -> dict[str, set[str]]:
+    """folder -> the sibling folders its __init__.py docstring says it may import."""
+    out = {}
+    for init in sorted(package_dir.glob("*/__init__.py")):
+        doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+        m = MAY_IMPORT.search(doc)
+        assert m, f"{init.relative_to(package_dir.parent)}: its docstring ends with no `May import: ...` line"
+        said = m.group(1).strip()
+        out[init.parent.name] = set() if said == "(none)" else {x.strip() for x in said.split(",")}
+    return out
+
+
+def _split_packages(root: Path | None = None) -> list[str]:
+    """The packages split into folders: those with a sub-package (not hydra_plugins: each folder
+    of Hydra's namespace is one plugin, not a floor)."""
+    return [p for p in ALLOWED if p != "hydra_plugins"
+            and any(((_home(p) if root is None else root) / p).glob("*/__init__.py"))]
+
+
+def _folder_violations(package: str, root: Path | None = None) -> list[str]:
+    """Imports from one folder of package into a sibling its `May import:` line does not name,
+    or into the package's own modules (the driver's: they may import every folder, none imports
+    them)."""
+    home = _home(package) if root is None else root
+    folders = _folders(home / package)
+    prefix = f"smallinit.{package}." if root is None and package != "hydra_plugins" else f"{package}."
+    wrong = []
+    for path, line, _, names, target in _imports(package, root):
+        rel = path.relative_to(home / package).parts
+        if len(rel) == 1:
+            continue  # a module of the package itself (driver.py, tuner.py): every folder is below it
+        own = rel[0]
+        if not (target + ".").startswith(prefix):
+            continue
+        parts = target[len(prefix):].split(".")
+        # `from smallinit.sweeper import driver`: the package's own module by name
+        hit = parts[0] if parts[0] else (names[0] if names else "")
+        into = hit if hit in folders else ""
+        if into == own or (into and into in folders[own]):
+            continue
+        what = f"folder {into}" if into else f"{package}'s own module {hit}"
+        wrong.append(f"{path.relative_to(home)}:{line} ({own}) imports {target} ({what}); "
+                     f"{own} may import {sorted(folders[own]) or 'none'}")
+    return wrong
+
+
+def test_packages_split_into_folders():
+    # Without this the folder tests below could pass vacuously.
+    assert {"experiments", "sweeper"} <= set(_split_packages())
+
+
+@pytest.mark.parametrize("package", _split_packages())
+def test_folders_declare_siblings_that_exist_and_form_floors(package):
+    folders = _folders(_home(package) / package)
+    unknown = {f: sorted(d - set(folders)) for f, d in folders.items() if d - set(folders)}
+    assert not unknown, f"{package}: `May import:` names folders that do not exist: {unknown}"
+    # The declared graph has no cycle: take folders whose siblings are all placed, floor by floor.
+    placed: set[str] = set()
+    while len(placed) < len(folders):
+        floor = {f for f, d in folders.items() if f not in placed and d <= placed}
+        assert floor, f"{package}: the `May import:` lines form a cycle among {sorted(set(folders) - placed)}"
+        placed |= floor
+
+
+@pytest.mark.parametrize("package", _split_packages())
+def test_folders_import_only_the_folders_they_declare(package):
+    wrong = _folder_violations(package)
+    assert not wrong, "\n".join(wrong)
+
+
+@pytest.mark.parametrize("package", _split_packages())
+def test_no_folder_holds_more_than_max_modules(package):
+    big = {str(d.relative_to(SRC)): n for d in [_home(package) / package, *(_home(package) / package).glob("*/")]
+           if d.is_dir() and (n := len([p for p in d.glob("*.py") if p.name != "__init__.py"])) > MAX_MODULES}
+    assert not big, f"split these by concern (at most {MAX_MODULES} modules a folder): {big}"
+
+
+def test_the_folder_walker_sees_relative_absolute_and_package_imports(tmp_path):
+    pkg = tmp_path / "experiments"
+    for folder, may in (("low", "(none)"), ("high", "low")):
+        (pkg / folder).mkdir(parents=True)
+        (pkg / folder / "__init__.py").write_text(f'"""{folder}.\n\nMay import: {may}\n"""\n')
+    (pkg / "__init__.py").write_text("")
+    (pkg / "top.py").write_text("from .high import h\n")  # the package's own module: anything
+    (pkg / "high" / "h.py").write_text("from .h2 import x\nfrom experiments.low import l\n")
+    (pkg / "low" / "l.py").write_text("def f():\n    from experiments.high.h import y\n"
+                                      "    from experiments import top\n    from .. import high\n")
+    wrong = _folder_violations("experiments", tmp_path)
+    assert [w.split(" imports ")[1].split(";")[0] for w in wrong] == [
+        "experiments.high.h (folder high)", "experiments (experiments's own module top)", "experiments (folder high)"]
+
+
+# ---------------------------------------------------------------- modules
+
+def _module_deps() -> dict[str, set[str]]:
     """module -> the modules of ours it imports when it runs (lazy imports included; imports
     under `if TYPE_CHECKING:` left out: they never run)."""
     deps: dict[str, set[str]] = {}
     for package in ALLOWED:
-        for path in sorted((root / package).rglob("*.py")):
-            name = ".".join(path.relative_to(root).with_suffix("").parts)
+        for path in sorted((_home(package) / package).rglob("*.py")):
+            name = _module_name(path, SRC)
             tree = ast.parse(path.read_text(), str(path))
             typing_only = {id(n) for node in ast.walk(tree)
                            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
@@ -92,11 +219,17 @@ def _module_deps(root: Path = REPO) -> dict[str, set[str]]:
             for node in ast.walk(tree):
                 if not isinstance(node, ast.ImportFrom) or id(node) in typing_only:
                     continue
-                base = name.split(".")[:len(name.split(".")) - node.level] if node.level else []
-                module = ".".join([*base, *(node.module.split(".") if node.module else [])])
-                found |= {module} | {f"{module}.{a.name}" for a in node.names}
+                for module, names in _imported(node, name, path.name == "__init__.py"):
+                    found |= {module} | {f"{module}.{n}" for n in names}
             deps[name] = found
     return {m: {d for d in ds if d in deps and d != m} for m, ds in deps.items()}
+
+
+def test_the_module_walker_sees_the_package():
+    # _module_deps read REPO/<package> before the src layout, and found nothing.
+    deps = _module_deps()
+    assert "smallinit.experiments.stats.stats" in deps["smallinit.experiments.report.context"]
+    assert "smallinit.experiments.stats.valnoise" in deps["smallinit.experiments.stats.stats"]
 
 
 def test_no_two_modules_import_each_other():

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from smallinit.sweeper.summary import best_setting_line
+from smallinit.sweeper.results.summary import best_setting_line
 
 
 def _table(rows):

@@ -190,8 +190,8 @@ def test_kill_9_after_a_branch_resumes_without_training_it_again(trial_config, d
 
 
 def test_the_results_table_has_a_row_per_budget(trial_config, tmp_path):
-    from smallinit.experiments.load import load
-    from smallinit.sweeper.results import build_table, write_table
+    from smallinit.experiments.data.load import load
+    from smallinit.sweeper.results.results import build_table, write_table
 
     done = trial_config(*BUDGETS)
     half = trial_config(*BUDGETS, "train.seed=1")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from smallinit.sweeper.cluster import OWNER_VAR
+from smallinit.sweeper.runtime.cluster import OWNER_VAR
 
 from .conftest import CARD, REPO, TINY_SWEEP
 

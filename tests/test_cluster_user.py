@@ -158,7 +158,7 @@ ray stop > /dev/null 2>&1
 CHECK = """
 import socket, sys, threading
 from smallinit.core.errors import ConfigError
-from smallinit.sweeper.cluster import check_reachable
+from smallinit.sweeper.runtime.cluster import check_reachable
 listener = socket.create_server(("0.0.0.0", 0))  # Ray swaps 127.0.0.1 for the node IP
 def answer_as_grpc():  # an HTTP/2 SETTINGS frame, as a GCS answers the probe (cluster._grpc_answer)
     while True:
@@ -228,7 +228,7 @@ def test_auto_takes_ray_address_first(tmp_path):
 
 def test_ray_client_addresses_are_refused_in_one_line():
     from smallinit.core.errors import ConfigError
-    from smallinit.sweeper.cluster import check_reachable
+    from smallinit.sweeper.runtime.cluster import check_reachable
 
     with pytest.raises(ConfigError) as err:
         check_reachable("ray://head:10001")
@@ -238,8 +238,8 @@ def test_ray_client_addresses_are_refused_in_one_line():
 
 
 LOCAL = """
-from smallinit.sweeper import ray_internals
-from smallinit.sweeper.cluster import connect_ray, stop_ray
+from smallinit.sweeper.runtime import ray_internals
+from smallinit.sweeper.runtime.cluster import connect_ray, stop_ray
 assert connect_ray({"num_cpus": 1})
 print("HEAD", bool(ray_internals.local_monitor_processes()))
 stop_ray()

@@ -1,5 +1,5 @@
 """Several sweeps at once: `make report SWEEP=a,b` keeps each sweep's rows, labelled, and refuses
-a trial trained in two of them; `python -m smallinit.experiments.compare A B` says how two folders differ."""
+a trial trained in two of them; `python -m smallinit.experiments.data.compare A B` says how two folders differ."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from smallinit.experiments import compare
-from smallinit.experiments.load import ReportError, load
+from smallinit.experiments.data import compare
+from smallinit.experiments.data.load import ReportError, load
 
 from .conftest import REPO, result_row, write_results
 
@@ -101,7 +101,7 @@ def test_compare_refuses_a_folder_without_results_in_one_line(tmp_path):
     a = _folder(tmp_path, "a", _rows("a"), {}, [])
     empty = tmp_path / "empty"
     empty.mkdir()
-    proc = subprocess.run([sys.executable, "-m", "smallinit.experiments.compare", str(a), str(empty)], cwd=REPO,
+    proc = subprocess.run([sys.executable, "-m", "smallinit.experiments.data.compare", str(a), str(empty)], cwd=REPO,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.strip() == f"error: {empty}/results.parquet is missing: not a finished sweep folder " \

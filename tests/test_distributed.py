@@ -168,7 +168,7 @@ def test_a_checkpoint_resumes_under_the_worker_count_that_wrote_it(trial_config,
 def test_a_dead_worker_is_the_environments_fault():
     import ray.exceptions
 
-    from smallinit.sweeper import failures
+    from smallinit.sweeper.worker import failures
 
     assert failures.classify(ray.exceptions.ActorDiedError())[0] == failures.TRANSIENT
 

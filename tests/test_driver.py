@@ -202,7 +202,7 @@ NAMES = [("gpu_gamma_scan", True), ("lr=1e-3,wd=0.1+gate", True), ("v1.2-b", Tru
 @pytest.mark.parametrize("name, ok", NAMES, ids=[repr(n)[:20] for n, _ in NAMES])
 def test_name_is_one_safe_folder_name(name, ok):
     from smallinit.core.errors import ConfigError
-    from smallinit.sweeper.precheck import check_name
+    from smallinit.sweeper.config.precheck import check_name
 
     if ok:
         check_name(name)

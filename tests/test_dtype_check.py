@@ -1,10 +1,10 @@
-"""experiments/dtype_check.py: the bf16-against-fp32 gap, paired by seed, against the seed spread."""
+"""experiments/records/dtype_check.py: the bf16-against-fp32 gap, paired by seed, against the seed spread."""
 
 import pandas as pd
 import pytest
 
-from smallinit.experiments.dtype_check import dtype_gap, main
-from smallinit.experiments.load import ReportError
+from smallinit.experiments.data.load import ReportError
+from smallinit.experiments.records.dtype_check import dtype_gap, main
 
 
 def frame(fp32, bf16, seeds=(0, 1, 2), bf16_seeds=None):

@@ -1,4 +1,4 @@
-"""experiments/effective_size.py and crossover.py on synthetic cells with known answers."""
+"""experiments/fits/effective_size.py and crossover.py on synthetic cells with known answers."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pandas as pd
 import pytest
 import torch
 
-from smallinit.experiments.crossover import crossover, paying_budget, preset_width
-from smallinit.experiments.effective_size import (
+from smallinit.experiments.fits.crossover import crossover, paying_budget, preset_width
+from smallinit.experiments.fits.effective_size import (
     effective_size,
     fit_law,
     flops_per_token,
@@ -230,7 +230,7 @@ def test_summary_dict_is_json_with_both_blocks():
 def test_a_saddle_shaped_gap_is_named_and_its_crossings_are_read_as_one_point():
     """gap = 0.2·ln(d/160)·ln(D/6e5): the zero set is the lines d = 160 and D = 6e5, so every
     width's D* is 6e5 by the form of the fit; the report says so (saddle_text)."""
-    from smallinit.experiments.crossover import saddle_text
+    from smallinit.experiments.fits.crossover import saddle_text
 
     rng = np.random.default_rng(7)
     base = frame(CPU, BUDGETS, lambda n, b, d: law(n, b), seeds=4)

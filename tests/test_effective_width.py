@@ -1,4 +1,4 @@
-"""The recipe's effective size read off the baseline's measured widths (experiments/effective_width.py):
+"""The recipe's effective size read off the baseline's measured widths (experiments/fits/effective_width.py):
 a known N_eff/N inside the widths is recovered with an interval that holds it; outside them the
 answer is a bound, never an extrapolated number; a noisy bump in the baseline curve gives one answer."""
 
@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from smallinit.experiments.effective_width import effective_width, read_off
+from smallinit.experiments.fits.effective_width import effective_width, read_off
 
 N = {96: 0.74e6, 128: 1.31e6, 192: 2.95e6}  # non-embedding parameters of three widths
 

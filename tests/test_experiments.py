@@ -7,9 +7,9 @@ import dataclasses
 import pytest
 from omegaconf import OmegaConf
 
-from smallinit.sweeper import protocol
-from smallinit.sweeper.config import ProtocolConf
-from smallinit.sweeper.space import parse_sweep
+from smallinit.sweeper.config import protocol
+from smallinit.sweeper.config.config import ProtocolConf
+from smallinit.sweeper.config.space import parse_sweep
 
 from .conftest import compose_with_hydra, grid_trials, trial_of
 
@@ -91,7 +91,7 @@ def test_every_form_chooses_the_lr_on_tuning_seeds_and_compares_on_four_or_more_
     _, trials = grid_trials(experiment)
     budgets = {(t.preset, t.model.d_model, t.train.max_tokens, t.train.max_steps) for t in trials}
     assert len(budgets) == len({b[:2] for b in budgets})  # one budget for every arm of a size
-    # --show prints both stages (sweeper/show.py prints these lines).
+    # --show prints both stages (sweeper/results/show.py prints these lines).
     stage1, stage2 = protocol.describe_plan(conf, space)
     n_tune, n_confirm = STAGES[experiment]
     assert stage1.startswith("# stage 1 (tune)") and f"= {n_tune} trials;" in stage1
@@ -166,7 +166,7 @@ def test_cpu_form_runs_end_to_end_at_a_reduced_budget(experiment, tmp_path, data
     # ... and its report builds, with the experiment's own analysis.
     import json
 
-    from smallinit.experiments.report import build
+    from smallinit.experiments.report.report import build
 
     out = build([tmp_path / "sweeps" / experiment], tmp_path / "reports", widths=(64, 128), n_boot=20,
                 log=lambda _: None)
@@ -179,11 +179,11 @@ def test_cpu_form_runs_end_to_end_at_a_reduced_budget(experiment, tmp_path, data
 @pytest.mark.slow
 def test_bf16_check_runs_and_reads_the_paired_gap(tmp_path, data_cache):
     """The precision check as a user runs it, on tiny trials: a sweep over train.dtype, then
-    `python -m smallinit.experiments.dtype_check` on its folder (on a CPU without native bf16 the bf16
+    `python -m smallinit.experiments.records.dtype_check` on its folder (on a CPU without native bf16 the bf16
     trials are emulated, which these 2-step nano trials afford)."""
     import json
 
-    from smallinit.experiments import dtype_check
+    from smallinit.experiments.records import dtype_check
 
     from .conftest import run_cli
 

@@ -12,7 +12,7 @@ import optuna
 import pytest
 
 from smallinit.core.files import atomic_write
-from smallinit.sweeper import failures
+from smallinit.sweeper.worker import failures
 
 from .conftest import DIVERGES, result_mtimes, study_trials, sweep, table
 
@@ -159,7 +159,7 @@ def test_a_corrupt_study_file_is_named_in_one_line(tmp_path, data_cache):
 
 def test_a_full_disk_while_the_study_is_created_says_so_not_corrupt(tmp_path):
     from smallinit.core.errors import ConfigError
-    from smallinit.sweeper.study import open_storage
+    from smallinit.sweeper.study.study import open_storage
 
     folder = tmp_path / "full"
     if not _mount_tmpfs(folder, "64k"):
@@ -180,8 +180,8 @@ def test_a_full_disk_at_the_sweeps_end_is_one_line_and_keeps_the_finished_trials
     4300k tmpfs: the trial's model.pt fitted, results.parquet did not.)"""
     import pandas as pd
 
-    from smallinit.sweeper import core
-    from smallinit.sweeper.results import write_table
+    from smallinit.sweeper import driver
+    from smallinit.sweeper.results.results import write_table
 
     folder = tmp_path / "full"
     if not _mount_tmpfs(folder, "64k"):
@@ -189,9 +189,9 @@ def test_a_full_disk_at_the_sweeps_end_is_one_line_and_keeps_the_finished_trials
     try:
         (folder / "fill").write_bytes(b"\0" * 60000)
         table_rows = pd.DataFrame({"trial_id": range(20000), "loss": [1.5] * 20000})
-        monkeypatch.setattr(core, "_run", lambda *a: write_table(folder, table_rows))
+        monkeypatch.setattr(driver, "_run", lambda *a: write_table(folder, table_rows))
         with pytest.raises(SystemExit) as stopped:
-            core.run_sweep(None, None, None, [])
+            driver.run_sweep(None, None, None, [])
         message = str(stopped.value.code)
         assert message == (f"error: no space left on device: {folder / 'results.parquet'}; the trials that finished "
                            "are kept in their folders: free some space and rerun the command (it trains only "
@@ -239,7 +239,7 @@ def test_a_trial_folder_removed_while_it_trains_fails_with_its_reason_and_the_re
 
 def test_a_row_whose_folder_lost_its_settings_takes_the_swept_values_from_the_study(tmp_path):
     from smallinit.core.trial_dir import TrialDir
-    from smallinit.sweeper.results import build_table
+    from smallinit.sweeper.results.results import build_table
 
     folder = TrialDir.in_sweep(tmp_path, "0123456789ab")
     folder.write_failure("the folder was removed while the trial trained", "", failures.TRANSIENT)

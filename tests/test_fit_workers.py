@@ -8,7 +8,7 @@ import pytest
 
 from smallinit.core.errors import ConfigError
 from smallinit.core.trial_dir import TrialDir
-from smallinit.sweeper.resources import trial_workers
+from smallinit.sweeper.runtime.resources import trial_workers
 from smallinit.trainer.config import trial_config_from_dict
 from smallinit.trainer.memory import GIB, HEADROOM, estimate, planned_dtype
 

@@ -20,10 +20,10 @@ from optuna.trial import TrialState
 from smallinit.core import results_schema as schema
 from smallinit.core.trial_dir import TrialDir
 from smallinit.model.config import InitConfig, ModelConfig
-from smallinit.sweeper.results import build_table
-from smallinit.sweeper.study import Study
-from smallinit.sweeper.study_rebuild import reconcile
-from smallinit.sweeper.summary import failure_lines
+from smallinit.sweeper.results.results import build_table
+from smallinit.sweeper.results.summary import failure_lines
+from smallinit.sweeper.study.study import Study
+from smallinit.sweeper.study.study_rebuild import reconcile
 from smallinit.trainer.config import OptimConfig, TrainConfig, TrialConfig
 from smallinit.trainer.loop import TrialResult, _budgets_done, run_trial
 from smallinit.trainer.schedule import Branch

@@ -95,7 +95,7 @@ def test_what_the_sweep_hands_its_workers(monkeypatch, env, expected):
 
 @pytest.mark.parametrize("gpus, expected", [(None, True), (0, True), (0.5, False), (1, False)])
 def test_only_cpu_trials_workers_get_the_setting(monkeypatch, gpus, expected):
-    from smallinit.sweeper.cluster import allocator_env
+    from smallinit.sweeper.runtime.cluster import allocator_env
 
     for var in (*host_memory.USER_ALLOCATOR_VARS, host_memory.ENV_SWITCH, "LD_PRELOAD"):
         monkeypatch.delenv(var, raising=False)

@@ -1,4 +1,4 @@
-"""The joint L(N, D) fit (experiments/joint_fit.py) on synthetic cells with a known answer:
+"""The joint L(N, D) fit (experiments/fits/joint_fit.py) on synthetic cells with a known answer:
 shared E, alpha, beta and each arm's A, B are recovered, so N_eff/N = (A_b / A_r)^(1/alpha) is
 the one number built in; holding E elsewhere moves it, and the sensitivity table shows by how much."""
 
@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from smallinit.experiments.joint_fit import fit, sensitivity
+from smallinit.experiments.fits.joint_fit import fit, sensitivity
 
 TRUE = dict(E=1.8, alpha=0.34, beta=0.28, A={"baseline": 400.0, "recipe": 400.0 / 1.44**0.34},
             B={"baseline": 900.0, "recipe": 900.0})

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from smallinit.core.errors import ConfigError
-from smallinit.sweeper import cluster, ray_internals, resources
+from smallinit.sweeper.runtime import cluster, ray_internals, resources
 
 from .conftest import error_line, sweep
 
@@ -129,7 +129,7 @@ def test_a_ray_tmpdir_that_is_a_file_is_refused_before_anything_is_written(tmp_p
     proc = sweep(tmp_path, data_cache, "init.gamma=0.5", "name=nostart", env={"RAY_TMPDIR": str(not_a_folder)},
                  timeout=300)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    # Found before the study or any folder is written (sweeper/cluster.py check_local_start).
+    # Found before the study or any folder is written (sweeper/runtime/cluster.py check_local_start).
     assert error_line(proc) == (f"error: RAY_TMPDIR='{not_a_folder}' is invalid: it is not a folder this user can "
                                 "write, and the local Ray keeps its sessions there; point it at one (e.g. /tmp)")
     assert not (tmp_path / "sweeps").exists()

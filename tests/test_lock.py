@@ -1,4 +1,4 @@
-"""The sweep folder's driver lock (sweeper/lock.py): real files, and real second processes
+"""The sweep folder's driver lock (sweeper/runtime/lock.py): real files, and real second processes
 that hold the lock, die holding it, or are long gone."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from smallinit.core.errors import ConfigError
-from smallinit.sweeper import lock as lock_module
-from smallinit.sweeper.lock import LOCK_FILE, DriverLock
+from smallinit.sweeper.runtime import lock as lock_module
+from smallinit.sweeper.runtime.lock import LOCK_FILE, DriverLock
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -26,7 +26,7 @@ def _holder(sweep_dir: Path, text: str | None = None) -> subprocess.Popen:
     """A second process holding the folder's lock until killed: a real driver's DriverLock, or,
     with `text`, a bare record lock on a file holding that text."""
     if text is None:
-        body = f"from smallinit.sweeper.lock import DriverLock\nDriverLock({str(sweep_dir)!r}).acquire()"
+        body = f"from smallinit.sweeper.runtime.lock import DriverLock\nDriverLock({str(sweep_dir)!r}).acquire()"
     else:
         body = f"""
             import fcntl, os

@@ -1,4 +1,4 @@
-"""What a sweep plans against its study (sweeper/plan.py): which points are skipped, which
+"""What a sweep plans against its study (sweeper/study/plan.py): which points are skipped, which
 resume the trial a killed driver left RUNNING, which failures run again. A real SQLite study
 and real trial folders; the composer is a stand-in that names each point and notes the folders
 it was asked to write (the real one composes Hydra configs, ~0.2 s a point)."""
@@ -13,11 +13,11 @@ from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState
 
 from smallinit.core.trial_dir import TrialDir
-from smallinit.sweeper.config import SmallinitSweeperConf
-from smallinit.sweeper.failures import PERMANENT, TRANSIENT, WORKER_CRASHED
-from smallinit.sweeper.plan import _left_to_run, to_run
-from smallinit.sweeper.space import parse_sweep
-from smallinit.sweeper.study import Study, default_storage_url, open_storage
+from smallinit.sweeper.config.config import SmallinitSweeperConf
+from smallinit.sweeper.config.space import parse_sweep
+from smallinit.sweeper.study.plan import _left_to_run, to_run
+from smallinit.sweeper.study.study import Study, default_storage_url, open_storage
+from smallinit.sweeper.worker.failures import PERMANENT, TRANSIENT, WORKER_CRASHED
 
 GRID = parse_sweep(["init.gamma=0.5,0.75,1.0,1.25"])
 SEARCH = parse_sweep(["init.gamma=interval(0.5,1.25)"])

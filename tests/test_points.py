@@ -1,4 +1,4 @@
-"""A grid point built from its structure's cached compose (sweeper/points.py) is the point
+"""A grid point built from its structure's cached compose (sweeper/config/points.py) is the point
 Hydra's full compose gives: the same resolved config, value for value and type for type, the
 same saved YAML, the same one-line error; and a grid of 10,000 points shows without a compose
 per point."""
@@ -14,9 +14,9 @@ from hydra.errors import HydraException
 from omegaconf import OmegaConf
 
 from smallinit.core.errors import ConfigError
-from smallinit.sweeper.points import PointComposer
-from smallinit.sweeper.precheck import hydra_error
-from smallinit.sweeper.space import parse_sweep
+from smallinit.sweeper.config.points import PointComposer
+from smallinit.sweeper.config.precheck import hydra_error
+from smallinit.sweeper.config.space import parse_sweep
 
 from .conftest import CONF, run_cli
 from .test_identities import PINNED

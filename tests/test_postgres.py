@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 
 from smallinit.core.errors import ConfigError
-from smallinit.sweeper import study as study_mod
+from smallinit.sweeper.study import study as study_mod
 
 from .conftest import (
     CARD,
@@ -86,7 +86,7 @@ def test_card_grid_on_a_postgres_study_records_each_trial_once_and_the_dashboard
     port = pg.port + 1
     while _in_use(port):
         port += 1
-    server = subprocess.Popen([sys.executable, "-m", "smallinit.sweeper.dashboard", "--storage", url, "--port", str(port)],
+    server = subprocess.Popen([sys.executable, "-m", "smallinit.sweeper.study.dashboard", "--storage", url, "--port", str(port)],
                               cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                               start_new_session=True)
     try:
@@ -146,7 +146,7 @@ def _get_json(url: str, server: subprocess.Popen, timeout: float = 60) -> dict:
 
 
 def test_the_dashboard_finds_a_sweeps_sqlite_study_or_says_what_is_missing(tmp_path):
-    from smallinit.sweeper.dashboard import resolve
+    from smallinit.sweeper.study.dashboard import resolve
 
     (tmp_path / "s").mkdir()
     with pytest.raises(ConfigError, match="optuna.db does not exist"):

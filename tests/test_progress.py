@@ -1,4 +1,4 @@
-"""The sweep's progress lines (sweeper/progress.py): done, running and failed of the total, and
+"""The sweep's progress lines (sweeper/results/progress.py): done, running and failed of the total, and
 an ETA from the measured times of this run's trials, each time a trial ends and every
 HEARTBEAT_S seconds while none does. Driven by Tune's callbacks on stand-in trials and a clock
 the test moves, then seen in a real two-trial sweep with its plan line."""
@@ -12,8 +12,8 @@ from types import SimpleNamespace
 import pytest
 from rich.console import Console
 
-from smallinit.sweeper import progress
-from smallinit.sweeper.progress import ProgressTable, Tally
+from smallinit.sweeper.results import progress
+from smallinit.sweeper.results.progress import ProgressTable, Tally
 
 from .conftest import sweep
 

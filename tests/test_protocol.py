@@ -12,13 +12,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from smallinit.experiments import claims as claims_mod
-from smallinit.experiments.context import best_gamma_table
-from smallinit.experiments.curves import settled
-from smallinit.experiments.load import load
-from smallinit.experiments.report import build
-from smallinit.experiments.stats import A_LOWER, compare, verdict
-from smallinit.experiments.width import width_trend
+from smallinit.experiments.claims import claims as claims_mod
+from smallinit.experiments.claims.width import width_trend
+from smallinit.experiments.data.load import load
+from smallinit.experiments.report.context import best_gamma_table
+from smallinit.experiments.report.report import build
+from smallinit.experiments.stats.curves import settled
+from smallinit.experiments.stats.stats import A_LOWER, compare, verdict
 
 from .conftest import result_row, width_sweep, write_results
 
@@ -218,7 +218,7 @@ def test_width_trend_in_the_summary_with_its_claim(tmp_path):
     assert f"sign-flip p = {n['p_signflip']:.3g}" in " ".join(c["evidence"])
     assert "width_trend.png" in {f["file"] for f in s["figures"]}
     # docs/results.md renders the same evidence from the summary.
-    from smallinit.experiments import results_doc
+    from smallinit.experiments.records import results_doc
 
     page = results_doc.section("width_trend", s, None)
     assert "**Learning rates.**" in page and "**Width trend**" in page and f"{w['slope']:+.4f}" in page

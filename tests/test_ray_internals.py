@@ -1,4 +1,4 @@
-"""The Ray internals in sweeper/ray_internals.py still exist in the installed Ray.
+"""The Ray internals in sweeper/runtime/ray_internals.py still exist in the installed Ray.
 
 Fails on the Ray upgrade that moves one, naming it, rather than letting the sweep quietly
 lose the speed-up (or its fast error) that the internal buys."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from smallinit.sweeper import ray_internals
+from smallinit.sweeper.runtime import ray_internals
 
 from .conftest import REPO
 
@@ -17,7 +17,7 @@ def test_each_internal_resolves(dotted):
     try:
         ray_internals.resolve(dotted)
     except (ImportError, AttributeError) as e:
-        pytest.fail(f"Ray moved {dotted} ({e}): update sweeper/ray_internals.py")
+        pytest.fail(f"Ray moved {dotted} ({e}): update sweeper/runtime/ray_internals.py")
 
 
 def test_check_passes_on_the_installed_ray():
@@ -36,7 +36,7 @@ def test_the_installed_ray_and_pyproject_are_the_range_the_internals_are_vouched
     deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
     (required,) = [r for r in map(Requirement, deps) if r.name == "ray"]
     assert required.specifier == SpecifierSet(ray_internals.SUPPORTED), (
-        f"pyproject.toml allows ray{required.specifier}, sweeper/ray_internals.py vouches for "
+        f"pyproject.toml allows ray{required.specifier}, sweeper/runtime/ray_internals.py vouches for "
         f"ray{ray_internals.SUPPORTED}: make them one range")
     assert ray_internals.CHECKED_AGAINST in required.specifier
     assert ray.__version__ == ray_internals.installed_version()
@@ -50,7 +50,7 @@ def test_a_ray_outside_the_range_counts_as_moved_in_one_line(monkeypatch, versio
     monkeypatch.setattr(ray_internals, "installed_version", lambda: version)
     with pytest.raises(ray_internals.RayInternalsMoved) as err:
         ray_internals.check()
-    assert str(err.value) == (f"ray {version} is installed and sweeper/ray_internals.py is checked against "
+    assert str(err.value) == (f"ray {version} is installed and sweeper/runtime/ray_internals.py is checked against "
                               f"ray{ray_internals.SUPPORTED} only (pip install 'ray[tune]{ray_internals.SUPPORTED}')")
     monkeypatch.setattr(ray_internals, "installed_version", lambda: "2.60.3")
     ray_internals.check()  # a patch release of the one minor version
@@ -69,7 +69,7 @@ def test_stop_ray_kills_the_monitor_of_a_local_head(monkeypatch):
     """Node.all_processes and ProcessInfo.process exist only on a live node: start one."""
     import ray
 
-    from smallinit.sweeper.cluster import connect_ray, stop_ray
+    from smallinit.sweeper.runtime.cluster import connect_ray, stop_ray
 
     monkeypatch.setenv("RAY_CHDIR_TO_TRIAL_DIR", "0")  # connect_ray sets it; restored after
     assert connect_ray({"num_cpus": 1})
@@ -85,7 +85,7 @@ def test_stop_ray_kills_the_monitor_of_a_local_head(monkeypatch):
 def test_stop_ray_shuts_down_the_slow_way_when_the_internals_moved(monkeypatch, caplog):
     import ray
 
-    from smallinit.sweeper import cluster
+    from smallinit.sweeper.runtime import cluster
 
     def moved():
         raise ray_internals.RayInternalsMoved("ray 9.9 has no ray._private.worker._global_node")

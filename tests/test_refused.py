@@ -11,7 +11,7 @@ import pytest
 
 from smallinit.core.errors import ConfigError
 from smallinit.model.config import SMALLEST_NORMAL, FFNConfig, InitConfig, ModelConfig
-from smallinit.sweeper import fixed_overrides
+from smallinit.sweeper.config import fixed_overrides
 
 from .conftest import TINY, run_cli, sweep
 

@@ -151,7 +151,7 @@ def test_hundreds_of_tiny_trials_finish_with_flat_driver_memory(tmp_path, data_c
 def test_a_trial_whose_worker_died_before_training_keeps_its_row(tmp_path):
     """No trial.json (the worker never reached run_trial): the row comes from the planned
     config in sweep.json, with the failure the study recorded."""
-    from smallinit.sweeper.results import build_table
+    from smallinit.sweeper.results.results import build_table
 
     trial = grid_trials("moe")[1][0]
     folder = tmp_path / "trials" / trial.identity()
@@ -166,7 +166,7 @@ def test_a_trial_whose_worker_died_before_training_keeps_its_row(tmp_path):
 
 
 def _open_at(url: str, start: float, results) -> None:
-    from smallinit.sweeper.study import open_storage
+    from smallinit.sweeper.study.study import open_storage
 
     while time.time() < start:  # all openers hit the new file in the same instant
         pass
@@ -197,7 +197,7 @@ def test_sweeps_creating_one_new_sqlite_storage_at_once_all_open_it(tmp_path):
 
 
 def test_wandb_run_ids_are_stable_per_folder_and_distinct_between_folders_and_machines(tmp_path, monkeypatch):
-    from smallinit.sweeper import trainable
+    from smallinit.sweeper.worker import trainable
 
     a = trainable.wandb_run_id("exp:1#a?b", "0123456789ab", str(tmp_path / "a" / "trials" / "x"))
     assert a == trainable.wandb_run_id("exp:1#a?b", "0123456789ab", str(tmp_path / "a" / "trials" / "x"))

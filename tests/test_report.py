@@ -18,15 +18,15 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from smallinit.experiments import claims as claims_mod
-from smallinit.experiments.figures import LabelError, check_labels
-from smallinit.experiments.load import load
-from smallinit.experiments.report import build
-from smallinit.experiments.report import main as report_main
-from smallinit.experiments.scaling import effective_size, fit_power_law
-from smallinit.experiments.screenshot import find_browser
-from smallinit.experiments.stats import A_HIGHER, A_LOWER, ONE_SEED, WITHIN, compare, verdict
-from smallinit.experiments.tokens import delta_sym
+from smallinit.experiments.claims import claims as claims_mod
+from smallinit.experiments.data.load import load
+from smallinit.experiments.fits.scaling import effective_size, fit_power_law
+from smallinit.experiments.output.figures import LabelError, check_labels
+from smallinit.experiments.report.report import build
+from smallinit.experiments.report.report import main as report_main
+from smallinit.experiments.report.screenshot import find_browser
+from smallinit.experiments.stats.stats import A_HIGHER, A_LOWER, ONE_SEED, WITHIN, compare, verdict
+from smallinit.experiments.stats.tokens import delta_sym
 
 from .conftest import REPO, WIDTHS, report_cli, run_cli, synthetic_sweep
 
@@ -58,7 +58,7 @@ def test_a_moved_sweep_folder_reports_in_full(tiny_sweep, tiny_report, tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = (tmp_path / "out" / "rep" / "report.md").read_text()
     assert len(report.splitlines()) == len((tiny_report / "report.md").read_text().splitlines())
-    from smallinit.experiments.load import load
+    from smallinit.experiments.data.load import load
 
     df = load([moved]).results
     assert all(str(p).startswith(str(moved)) and Path(p).exists() for p in df["metrics_path"])
@@ -172,12 +172,12 @@ def test_residual_balance_follows_the_predicted_exponents(summary):
 
 
 def test_the_page_renders_in_headless_chromium(tiny_report, summary, tmp_path):
-    """`python -m smallinit.experiments.screenshot` as a person runs it: every figure decodes, the
+    """`python -m smallinit.experiments.report.screenshot` as a person runs it: every figure decodes, the
     screenshot holds the whole page."""
     if find_browser() is None:
         pytest.skip("no chromium on this machine (Debian: apt-get install -y chromium)")
     shot = tmp_path / "page.png"
-    proc = subprocess.run([sys.executable, "-m", "smallinit.experiments.screenshot", str(tiny_report), "--out", str(shot)],
+    proc = subprocess.run([sys.executable, "-m", "smallinit.experiments.report.screenshot", str(tiny_report), "--out", str(shot)],
                           cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     n = len(summary["figures"])
@@ -213,7 +213,7 @@ def test_the_first_screen_says_what_the_sweep_found_then_the_claims(tiny_sweep, 
     setting with its paired margin, what was not run with its command, and the claims."""
     if find_browser() is None:
         pytest.skip("no chromium on this machine (Debian: apt-get install -y chromium)")
-    from smallinit.experiments.screenshot import first_screen
+    from smallinit.experiments.report.screenshot import first_screen
 
     line, gamma_sentence = _expected_lead(tiny_sweep)
     top = first_screen(tiny_report / "index.html", 1280, 800)
@@ -324,7 +324,7 @@ def test_effective_size_report_from_several_sizes(tmp_path):
 
 
 def test_the_scale_table_states_each_sizes_passes(tmp_path):
-    from smallinit.experiments.sections import scale_table
+    from smallinit.experiments.report.sections import scale_table
 
     d = synthetic_sweep(tmp_path, gain=0.2)
     df = pd.read_parquet(d / "results.parquet")
@@ -366,7 +366,7 @@ def test_delta_sym_is_the_stated_formula():
 def test_residual_balance_eps_on_built_norms_equals_a_rebuild():
     import torch
 
-    from smallinit.experiments.mechanism import residual_balance
+    from smallinit.experiments.claims.mechanism import residual_balance
     from smallinit.model import InitConfig, ModelConfig, NormConfig, Transformer
     from smallinit.model.probes import activation_probes
 
@@ -385,7 +385,7 @@ def test_importances_need_a_search_space(tmp_path):
     import optuna
     from optuna.distributions import CategoricalDistribution, FloatDistribution
 
-    from smallinit.experiments.importance import importances
+    from smallinit.experiments.data.importance import importances
 
     def make(name: str, dists: dict, n: int, sampled: bool | None = True) -> Path:
         d = tmp_path / name

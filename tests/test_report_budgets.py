@@ -1,4 +1,4 @@
-"""The report over several token budgets (experiments/budgets.py): a synthetic results table
+"""The report over several token budgets (experiments/claims/budgets.py): a synthetic results table
 with known answers through the section and claim functions, and a real tiny select-then-confirm
 sweep with train.budgets over two widths and two arms through the whole report.
 
@@ -19,13 +19,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from smallinit.experiments import budgets
-from smallinit.experiments import sections as S
-from smallinit.experiments.context import Context
-from smallinit.experiments.effective_size import non_embedding_params
-from smallinit.experiments.figures import Figures
-from smallinit.experiments.load import LOSS, load_report
-from smallinit.experiments.render import to_html, to_markdown
+from smallinit.experiments.claims import budgets
+from smallinit.experiments.data.load import LOSS, load_report
+from smallinit.experiments.fits.effective_size import non_embedding_params
+from smallinit.experiments.output.figures import Figures
+from smallinit.experiments.output.render import to_html, to_markdown
+from smallinit.experiments.report import sections as S
+from smallinit.experiments.report.context import Context
 from smallinit.model import AttnConfig, ModelConfig
 from smallinit.model.config import llama_d_ff
 
@@ -160,8 +160,8 @@ SWEEP = [t for t in TINY if not t.startswith(("wandb.", "train.max_tokens", "tra
 def test_a_budgets_sweep_under_select_then_confirm_reports_the_fit_and_a_rerun_command(tmp_path, data_cache):
     """16 nano trials of 16 steps (about 5 min with the report on 2 busy cores), the report built in process, the
     lead's command checked with --show, the page rendered in headless Chromium where there is one."""
-    from smallinit.experiments.report import build
-    from smallinit.experiments.screenshot import find_browser
+    from smallinit.experiments.report.report import build
+    from smallinit.experiments.report.screenshot import find_browser
 
     proc = run_cli(["-m", *SWEEP], cwd=tmp_path, env={"SMALLINIT_CACHE": str(data_cache), "WANDB_API_KEY": ""})
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -208,7 +208,7 @@ def test_a_budgets_sweep_under_select_then_confirm_reports_the_fit_and_a_rerun_c
         import sys
 
         shot = tmp_path / "page.png"
-        proc = subprocess.run([sys.executable, "-m", "smallinit.experiments.screenshot", str(out), "--out", str(shot)], cwd=REPO,
+        proc = subprocess.run([sys.executable, "-m", "smallinit.experiments.report.screenshot", str(out), "--out", str(shot)], cwd=REPO,
                               capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, proc.stderr
         n = len(s["figures"])
@@ -232,7 +232,7 @@ def test_the_other_sections_compare_the_arms_at_the_largest_budget(tmp_path):
 
 
 def test_the_results_page_shows_the_fit_the_cells_and_the_crossings(tmp_path):
-    from smallinit.experiments.results_budgets import budgets_lines
+    from smallinit.experiments.records.results_budgets import budgets_lines
 
     s = context(budget_sweep(tmp_path), tmp_path / "out").budgets.summary()
     text = "\n".join(budgets_lines(s["effective_size"], s["crossover"]))

@@ -10,12 +10,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from smallinit.experiments import anchor_phase
-from smallinit.experiments import claims as claims_mod
-from smallinit.experiments.context import best_gamma_table
-from smallinit.experiments.load import load
-from smallinit.experiments.report import build
-from smallinit.experiments.scaling import effective_size
+from smallinit.experiments.claims import anchor_phase
+from smallinit.experiments.claims import claims as claims_mod
+from smallinit.experiments.data.load import load
+from smallinit.experiments.fits.scaling import effective_size
+from smallinit.experiments.report.context import best_gamma_table
+from smallinit.experiments.report.report import build
 
 from .conftest import synthetic_sweep
 

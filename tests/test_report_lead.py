@@ -7,7 +7,7 @@ import json
 
 import numpy as np
 
-from smallinit.experiments.report import build
+from smallinit.experiments.report.report import build
 
 from .conftest import result_row, write_results
 

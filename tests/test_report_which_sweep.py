@@ -6,8 +6,8 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from smallinit.experiments.load import ReportError, resolve_dirs
-from smallinit.experiments.report import main as report_main
+from smallinit.experiments.data.load import ReportError, resolve_dirs
+from smallinit.experiments.report.report import main as report_main
 
 
 def test_newest_sweep_is_the_latest_results_table(tmp_path):
@@ -27,8 +27,8 @@ def test_newest_sweep_is_the_latest_results_table(tmp_path):
 def test_without_a_sweep_the_report_is_of_the_main_jobs_and_says_so(tmp_path, capsys):
     import os
 
-    from smallinit.experiments.load import MAIN_SWEEP, default_sweep
-    from smallinit.sweeper.schema import SmallinitConf
+    from smallinit.experiments.data.load import MAIN_SWEEP, default_sweep
+    from smallinit.sweeper.config.schema import SmallinitConf
 
     assert MAIN_SWEEP == SmallinitConf().name  # `make sweep` writes sweeps/<the default name>
     empty = pd.DataFrame({"identity": pd.Series(dtype=str), "state": pd.Series(dtype=str)})

@@ -9,14 +9,14 @@ import shutil
 import pytest
 from PIL import Image
 
-from smallinit.experiments import results_doc
+from smallinit.experiments.records import results_doc
 
 DOCS = results_doc.REPO / "docs"
 
 
 def test_every_experiment_has_a_committed_summary():
     missing = [e for e in results_doc.EXPERIMENTS if not (DOCS / "results" / e / "summary.json").exists()]
-    assert not missing, f"run `make experiments` (or python -m smallinit.experiments.results_doc --collect): {missing}"
+    assert not missing, f"run `make experiments` (or python -m smallinit.experiments.records.results_doc --collect): {missing}"
 
 
 def test_results_md_is_what_the_committed_summaries_give():
@@ -91,9 +91,9 @@ def test_each_record_has_the_grid_of_the_command_it_names(experiment):
 
     from omegaconf import OmegaConf
 
-    from smallinit.sweeper import protocol
-    from smallinit.sweeper.config import ProtocolConf
-    from smallinit.sweeper.space import parse_sweep
+    from smallinit.sweeper.config import protocol
+    from smallinit.sweeper.config.config import ProtocolConf
+    from smallinit.sweeper.config.space import parse_sweep
 
     folder = DOCS / "results" / experiment
     command = folder / "command.txt"

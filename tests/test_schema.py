@@ -17,7 +17,7 @@ from smallinit.model.config import (
     ModelPreset,
     NormConfig,
 )
-from smallinit.sweeper.precheck import precheck
+from smallinit.sweeper.config.precheck import precheck
 from smallinit.trainer.config import (
     OptimConfig,
     TrainConfig,

@@ -1,4 +1,4 @@
-"""The Tune searcher over the study (sweeper/searcher.py), driven by hand as Tune drives it:
+"""The Tune searcher over the study (sweeper/study/searcher.py), driven by hand as Tune drives it:
 which trial each suggest hands out and how each ending is recorded, on a real SQLite study.
 No Ray runtime starts; importing ray.tune for the Searcher base class takes a few seconds."""
 
@@ -11,11 +11,11 @@ from optuna.trial import TrialState
 from ray.tune.search import Searcher
 
 from smallinit.core.errors import ConfigError
-from smallinit.sweeper.failures import PERMANENT, TRANSIENT, WORKER_CRASHED
-from smallinit.sweeper.searcher import StudySearcher
-from smallinit.sweeper.space import parse_sweep
-from smallinit.sweeper.study import SAMPLED, Pending, Study, default_storage_url, open_storage
-from smallinit.sweeper.trainable import METRIC, TrialSpec
+from smallinit.sweeper.config.space import parse_sweep
+from smallinit.sweeper.study.searcher import StudySearcher
+from smallinit.sweeper.study.study import SAMPLED, Pending, Study, default_storage_url, open_storage
+from smallinit.sweeper.worker.failures import PERMANENT, TRANSIENT, WORKER_CRASHED
+from smallinit.sweeper.worker.trainable import METRIC, TrialSpec
 
 SEARCH = parse_sweep(["init.gamma=interval(0.5,1.25)"])
 DISTS = {"init.gamma": FloatDistribution(0.5, 1.25)}

@@ -1,4 +1,4 @@
-"""Select, then confirm (sweeper/protocol.py): the tuning choice, the edge extension, the
+"""Select, then confirm (sweeper/config/protocol.py): the tuning choice, the edge extension, the
 confirm round, and a real sweep killed inside each stage that resumes without training twice."""
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ import pandas as pd
 import pytest
 
 from smallinit.core.errors import ConfigError
-from smallinit.sweeper import protocol
-from smallinit.sweeper.config import ProtocolConf
-from smallinit.sweeper.space import parse_sweep
+from smallinit.sweeper.config import protocol
+from smallinit.sweeper.config.config import ProtocolConf
+from smallinit.sweeper.config.space import parse_sweep
 
 from .conftest import REPO, TINY, study_trials, sweep
 

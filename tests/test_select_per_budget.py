@@ -11,8 +11,8 @@ import pandas as pd
 import pytest
 
 from smallinit.core.errors import ConfigError
-from smallinit.sweeper import protocol
-from smallinit.sweeper.config import ProtocolConf
+from smallinit.sweeper.config import protocol
+from smallinit.sweeper.config.config import ProtocolConf
 
 from .conftest import sweep
 
@@ -115,8 +115,8 @@ def test_a_per_budget_sweep_chooses_from_the_branches_and_confirms_each_choice(t
         assert sorted(confirmed["lr"]) == sorted([lr for lr in set(chosen.values()) for _ in (1, 2)])
     assert "1,024 tokens: optim.lr=" in proc.stdout
 
-    # The report pairs each budget's arms at that budget's lrs (experiments/token_crossover.py).
-    from smallinit.experiments.report import build
+    # The report pairs each budget's arms at that budget's lrs (experiments/fits/token_crossover.py).
+    from smallinit.experiments.report.report import build
 
     out = build([sweep_dir], out_root=tmp_path / "reports", log=lambda *_: None)
     summary = json.loads((out / "summary.json").read_text())["token_crossover"]
@@ -131,8 +131,8 @@ def test_a_per_budget_sweep_chooses_from_the_branches_and_confirms_each_choice(t
         assert g["gap"] == pytest.approx(rec - base)
     assert summary["decision"].startswith("no crossover estimate")  # 2 budgets: no line
     assert "Where the gap crosses" in (out / "index.html").read_text()
-    # Where it stands, from the trial folders (what `python -m smallinit.experiments.token_crossover --sweep` prints).
-    from smallinit.experiments.token_crossover import status
+    # Where it stands, from the trial folders (what `python -m smallinit.experiments.fits.token_crossover --sweep` prints).
+    from smallinit.experiments.fits.token_crossover import status
 
     text = status(sweep_dir)
     assert "## tune (seed mean over 100)" in text and "## confirm (seed mean over 1, 2)" in text

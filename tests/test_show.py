@@ -1,5 +1,5 @@
 """`sweep.py --show`: the steps a trial with several budgets really trains, the plan's cost, the
-time it would take here (sweeper/estimate.py), and train.budgets_per_param (budgets that differ
+time it would take here (sweeper/results/estimate.py), and train.budgets_per_param (budgets that differ
 by model size within one sweep)."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from smallinit.core.errors import ConfigError
-from smallinit.sweeper import estimate
-from smallinit.sweeper.show import _memory, _torch_side, trained_steps
+from smallinit.sweeper.results import estimate
+from smallinit.sweeper.results.show import _memory, _torch_side, trained_steps
 
 from .conftest import run_cli
 
@@ -60,7 +60,7 @@ def test_bad_budgets_per_param_are_one_line_errors(trial_config, overrides, mess
 
 @pytest.mark.slow  # make test stays under 10 min on 2 cores; CI runs it after
 def test_gpu_scaling_law_composes_and_shows_its_plan_and_cost(tmp_path, data_cache, compose):
-    from smallinit.sweeper.resources import trial_workers
+    from smallinit.sweeper.runtime.resources import trial_workers
     from smallinit.trainer.config import flops_per_token, trial_config_from_dict
 
     tokens = tmp_path / "train.bin"

@@ -9,11 +9,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from smallinit.experiments import claims as claims_mod
-from smallinit.experiments.load import ReportError, load
-from smallinit.experiments.paired import holm, one_comparison, signflip_p, t_pvalues
-from smallinit.experiments.stats import A_LOWER, compare, from_diffs, judge, outcome, verdict
-from smallinit.experiments.width import width_trend
+from smallinit.experiments.claims import claims as claims_mod
+from smallinit.experiments.claims.width import width_trend
+from smallinit.experiments.data.load import ReportError, load
+from smallinit.experiments.stats.paired import holm, one_comparison, signflip_p, t_pvalues
+from smallinit.experiments.stats.stats import A_LOWER, compare, from_diffs, judge, outcome, verdict
 
 from .conftest import width_sweep
 

@@ -1,4 +1,4 @@
-"""How the driver stops (sweeper/stop.py) without starting Ray: the resume line, the exit status
+"""How the driver stops (sweeper/runtime/stop.py) without starting Ray: the resume line, the exit status
 128 + signal, a signal handed to Tune's stop, and the decision that Ray's own processes are gone."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from smallinit.sweeper import cluster, ray_internals, stop
+from smallinit.sweeper.runtime import cluster, ray_internals, stop
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -142,7 +142,7 @@ def test_ray_is_not_judged_lost_when_its_internals_moved(monkeypatch):
 def test_a_driver_stopped_by_sigterm_prints_the_resume_line_and_exits_143(tmp_path):
     code = textwrap.dedent("""
         import sys, time
-        from smallinit.sweeper import stop
+        from smallinit.sweeper.runtime import stop
         stop.install()
         try:  # "ready" inside the try: the signal may land while print is still returning
             print("ready", flush=True)

@@ -8,8 +8,8 @@ from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState
 
 from smallinit.core.trial_dir import TrialDir
-from smallinit.sweeper.study import Study
-from smallinit.sweeper.study_rebuild import reconcile, restore_from_folders
+from smallinit.sweeper.study.study import Study
+from smallinit.sweeper.study.study_rebuild import reconcile, restore_from_folders
 
 DISTS = {"init.gamma": FloatDistribution(0.5, 1.25)}
 

@@ -1,4 +1,4 @@
-"""Study (sweeper/study.py) on a real SQLite file: what one call records, that an ended trial
+"""Study (sweeper/study/study.py) on a real SQLite file: what one call records, that an ended trial
 stays as it ended, and what a rerun (a new Study on the same file) finds by identity."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from optuna.distributions import CategoricalDistribution, FloatDistribution
 from optuna.trial import TrialState
 
 from smallinit.core.errors import ConfigError
-from smallinit.sweeper.study import (
+from smallinit.sweeper.study.study import (
     SAMPLED,
     TRIAL_DIR,
     Study,

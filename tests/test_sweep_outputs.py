@@ -15,7 +15,7 @@ import pandas as pd
 from optuna.distributions import FloatDistribution
 
 from smallinit.core.trial_dir import TrialDir
-from smallinit.sweeper.study import Study
+from smallinit.sweeper.study.study import Study
 
 from .conftest import CONF, REPO
 

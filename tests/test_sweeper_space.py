@@ -6,7 +6,7 @@ import pytest
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
 from smallinit.model import ConfigError
-from smallinit.sweeper.space import parse_sweep
+from smallinit.sweeper.config.space import parse_sweep
 
 
 @pytest.mark.parametrize(
@@ -106,7 +106,7 @@ def test_grid_matches_hydras_batched_sweeper_suite():
 def test_a_grid_is_recorded_so_that_it_can_grow_and_a_categorical_cannot():
     import optuna
 
-    from smallinit.sweeper.study import Study
+    from smallinit.sweeper.study.study import Study
 
     study = Study(optuna.storages.InMemoryStorage(), "grow", optuna.samplers.RandomSampler(seed=0))
     small = parse_sweep(["seed=0,1,2", "attn=none,headwise"])
@@ -128,7 +128,7 @@ def test_a_study_that_recorded_numbers_as_choices_still_reruns_its_grid():
     categoricals: the same grid, or a part of it, must still run on them."""
     import optuna
 
-    from smallinit.sweeper.study import Study
+    from smallinit.sweeper.study.study import Study
 
     study = Study(optuna.storages.InMemoryStorage(), "old", optuna.samplers.RandomSampler(seed=0))
     old = parse_sweep(["seed=0,1,2", "init.gamma=0.5,1.0"])
@@ -144,7 +144,7 @@ def test_a_study_that_recorded_numbers_as_choices_still_reruns_its_grid():
 def test_grid_values_a_decade_apart_are_recorded_on_a_log_axis_and_old_linear_studies_still_grow():
     import optuna
 
-    from smallinit.sweeper.study import Study
+    from smallinit.sweeper.study.study import Study
 
     space = parse_sweep(["norm.eps=1e-5,1e-12", "optim.lr=1e-3,3e-3,1e-2", "init.gamma=0.5,1.0", "optim.weight_decay=0,0.1"])
     dists = space.grid_distributions()

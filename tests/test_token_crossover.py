@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from smallinit.experiments import token_crossover as tc
+from smallinit.experiments.fits import token_crossover as tc
 
 BUDGETS = [524288, 1048576, 2097152, 4194304, 8388608]
 # Each budget's chosen lr: the baseline's falls with the budget, the recipe's stays.
@@ -92,8 +92,8 @@ def test_from_sweep_reads_the_chosen_lrs_of_a_per_budget_record(tmp_path):
 
 
 def test_the_section_draws_both_figures_and_keeps_the_line_in_the_summary(tmp_path):
-    from smallinit.experiments.figures import Figures
-    from smallinit.experiments.token_crossover_section import section
+    from smallinit.experiments.output.figures import Figures
+    from smallinit.experiments.report.token_crossover_section import section
 
     out = tc.analyse(rows(d_star=3e6, slope=-0.05), CHOSEN, "baseline", "small")
     r = rows(d_star=3e6, slope=-0.05)

@@ -202,7 +202,7 @@ PARQUET_TYPES = {
 def test_the_sweepers_table_has_the_schemas_columns_and_types(tmp_path):
     import pyarrow.parquet as pq
 
-    from smallinit.sweeper.results import build_table, write_table
+    from smallinit.sweeper.results.results import build_table, write_table
 
     path = write_table(tmp_path, build_table(tmp_path, _sweep(tmp_path)))
     stored = [(f.name, str(f.type).removeprefix("large_")) for f in pq.read_schema(path)]
@@ -225,7 +225,7 @@ def test_the_sweepers_table_has_the_schemas_columns_and_types(tmp_path):
 
 
 def test_the_table_has_every_config_key_as_a_column_and_a_csv_twin(tmp_path):
-    from smallinit.sweeper.results import build_table, write_table
+    from smallinit.sweeper.results.results import build_table, write_table
 
     states = _sweep(tmp_path)
     path = write_table(tmp_path, build_table(tmp_path, states))
@@ -256,7 +256,7 @@ def test_config_columns_flatten_with_dotted_keys_and_lists_as_json():
 
 
 def test_a_config_key_of_mixed_kinds_is_stored_as_text(tmp_path):
-    from smallinit.sweeper.results import _one_kind, write_table
+    from smallinit.sweeper.results.results import _one_kind, write_table
 
     assert _one_kind(pd.Series([1, 2.5, None])).tolist()[:2] == [1, 2.5]  # numbers stay numbers
     df = pd.DataFrame({"identity": ["a", "b", "c"], "config/train.threads": [4, "auto", True]})
@@ -266,8 +266,8 @@ def test_a_config_key_of_mixed_kinds_is_stored_as_text(tmp_path):
 
 
 def test_the_report_reads_what_the_sweeper_wrote(tmp_path):
-    from smallinit.experiments.load import LOSS, SEED_COLS, SIZE_COLS, load
-    from smallinit.sweeper.results import build_table, write_table
+    from smallinit.experiments.data.load import LOSS, SEED_COLS, SIZE_COLS, load
+    from smallinit.sweeper.results.results import build_table, write_table
 
     states = _sweep(tmp_path)
     write_table(tmp_path, build_table(tmp_path, states))

@@ -1,4 +1,4 @@
-"""Validation-sampling error beside the seed spread (experiments/valnoise.py).
+"""Validation-sampling error beside the seed spread (experiments/stats/valnoise.py).
 
 Synthetic per-token files with a known window variance give the SE the formula says; in a
 simulation where seeds share one validation sample the bootstrap over seeds and windows holds
@@ -15,9 +15,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from smallinit.experiments import results_doc, valnoise
-from smallinit.experiments.paired import t_interval
-from smallinit.experiments.stats import compare, interaction
+from smallinit.experiments.records import results_doc
+from smallinit.experiments.stats import valnoise
+from smallinit.experiments.stats.paired import t_interval
+from smallinit.experiments.stats.stats import compare, interaction
 
 from .conftest import REPO
 
@@ -176,7 +177,7 @@ def test_results_doc_states_it_only_where_measured():
 
 def test_on_the_tiny_sweep_val_se_matches_the_per_token_files(tiny_sweep):
     """The real trials: 2 seeds, per-token windows of 32 tokens (8 of them), eval on 16 windows."""
-    from smallinit.experiments.load import load
+    from smallinit.experiments.data.load import load
 
     df = load([tiny_sweep]).complete
     g = df[np.isclose(df["eps"], 1e-5)]
@@ -194,8 +195,8 @@ def test_on_the_tiny_sweep_val_se_matches_the_per_token_files(tiny_sweep):
 def test_the_report_page_states_it_under_the_verdicts_only_where_measured():
     from types import SimpleNamespace
 
-    from smallinit.experiments import sections
-    from smallinit.experiments.claims import Claim
+    from smallinit.experiments.claims.claims import Claim
+    from smallinit.experiments.report import sections
 
     claim = Claim("c", "p", "inconclusive", "r", numbers=[dict(label="old", diff=0.1)])
     blocks, _ = sections.verdicts(SimpleNamespace(claims=[claim]))

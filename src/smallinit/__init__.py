@@ -9,9 +9,10 @@ by concern:
     model        the decoder, the init rule, gated attention; probes attach from outside
     trainer      typed data settings, corpora, the anchor task, the training loop, precision,
                  checkpoints, export to transformers
-    sweeper      Hydra multirun -> Ray Tune trials: schema, compose, plan, cluster, tuner, the
-                 Optuna study, results, dashboard
-    experiments  the report and the paper's analyses, read from what the sweeper wrote
+    sweeper      Hydra multirun -> Ray Tune trials: the driver and tuner over runtime/, worker/,
+                 config/, study/ and results/ (its __init__ has the map)
+    experiments  the report and the paper's analyses, read from what the sweeper wrote, in data/,
+                 output/, stats/, fits/, claims/, report/ and records/ (its __init__ has the map)
     bench        what the instrument costs (its records stay in the repository's bench/)
     conf         Hydra's presets and experiments (CONF_DIR); not a Python package
     cli          sweep.py's body: the Hydra main, --show, the stop signals

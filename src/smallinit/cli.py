@@ -50,7 +50,7 @@ def run(cfg: DictConfig) -> float | None:
     print(f"W&B: disabled for a single run (a sweep, sweep.py -m, logs one W&B run per trial); "
           f"metrics in {TrialDir(out_dir).metrics}")
     console = ConsoleReporter(trial.train.total_steps, description=trial.preset or "train")
-    from smallinit.sweeper.lock import TrialBusy, trial_lock
+    from smallinit.sweeper.runtime.lock import TrialBusy, trial_lock
     from smallinit.trainer.loop import ForeignFolder
 
     folder = TrialDir(out_dir)
@@ -74,20 +74,20 @@ def run(cfg: DictConfig) -> float | None:
 
 def main() -> None:
     from smallinit.core.errors import ConfigError
-    from smallinit.sweeper.precheck import precheck
+    from smallinit.sweeper.config.precheck import precheck
 
     conf = CONF_DIR
     try:
         precheck([a for a in sys.argv[1:] if a != "--show"], conf, show="--show" in sys.argv[1:])
         if "--show" in sys.argv[1:]:
-            from smallinit.sweeper.show import show
+            from smallinit.sweeper.results.show import show
 
             for line in show([a for a in sys.argv[1:] if a != "--show"], conf):
                 print(line, flush=True)
             return
     except ConfigError as e:
         sys.exit(f"error: {e}")
-    from smallinit.sweeper import stop
+    from smallinit.sweeper.runtime import stop
 
     stop.install()
     try:

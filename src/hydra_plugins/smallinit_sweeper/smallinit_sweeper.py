@@ -7,7 +7,7 @@ from typing import Any
 
 from hydra.plugins.sweeper import Sweeper
 
-from smallinit.sweeper.config import register
+from smallinit.sweeper.config.config import register
 
 register()
 
@@ -22,7 +22,7 @@ class SmallinitSweeper(Sweeper):
         self.hydra_context, self.config = hydra_context, config
 
     def sweep(self, arguments: list[str]) -> Any:
-        from smallinit.sweeper.config import sweeper_conf_from
-        from smallinit.sweeper.core import run_sweep
+        from smallinit.sweeper.config.config import sweeper_conf_from
+        from smallinit.sweeper.driver import run_sweep
 
         return run_sweep(sweeper_conf_from(self.kwargs), self.hydra_context.config_loader, self.config, arguments)

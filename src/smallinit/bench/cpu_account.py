@@ -31,7 +31,7 @@ ROLES = (
     ("log_monitor.py", "ray: log monitor"),
     ("monitor.py", "ray: autoscaler monitor"),
     ("wandb-core", "wandb-core"),
-    ("sweeper.reaper", "reaper"),
+    ("sweeper.runtime.reaper", "reaper"),
 )
 
 

@@ -5,7 +5,7 @@ Both sides are the command a user runs: `sweep.py -m` of the one trial on a loca
 (W&B disabled, ASHA off), from an empty folder, on a prepared corpus cache; only
 `ray.workers_per_trial` and `ray.cpus_per_trial` differ, so the 2-worker side goes through the
 same Tune trial, TorchTrainer and `run_trial(dist=Parallel("ddp"))` as any
-`ray.workers_per_trial=2` sweep (sweeper/trainable.py). The figure compares the trial's own
+`ray.workers_per_trial=2` sweep (sweeper/worker/trainable.py). The figure compares the trial's own
 tokens/s (rank 0's result.json: global tokens over the optimizer steps' time, so Ray, Ray Train
 and evaluation are not in it); the sweeps' wall times are reported beside it. The sides
 alternate, their order rotating from repeat to repeat; the figure is the median of the paired

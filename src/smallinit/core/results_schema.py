@@ -1,6 +1,6 @@
 """The results table (`results.parquet` in a sweep folder): its columns, in one place.
 
-sweeper/results.py writes one row per trial (one per budget for a train.budgets trial) in this order; experiments/load.py reads it; the
+sweeper/results/results.py writes one row per trial (one per budget for a train.budgets trial) in this order; experiments/data/load.py reads it; the
 docs/sweeps.md ("The results table") documents it. A row holds plain Python values (None where a
 trial has no value) and pandas infers the storage type, so an int column with a missing value
 is stored as float64: tables written before this module existed read back unchanged.

@@ -2,7 +2,7 @@
 
 Every invalid value raises `ConfigError` naming the field, the value and what is allowed,
 so a bad sweep fails on the driver before any trial is scheduled. These dataclasses are also
-the schema of conf/ (registered in Hydra's ConfigStore by sweeper/config.py): their defaults
+the schema of conf/ (registered in Hydra's ConfigStore by sweeper/config/config.py): their defaults
 are the command line's, and `ModelPreset` is what conf/model/*.yaml and `model.*` set.
 """
 

@@ -8,10 +8,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from . import stop
-from .cluster import ClusterWatch, local_ray_lost, trial_resources, trial_slots
-from .config import SmallinitSweeperConf
-from .plan import SweepPlan
+from smallinit.sweeper.config.config import SmallinitSweeperConf
+from smallinit.sweeper.runtime import stop
+from smallinit.sweeper.runtime.cluster import (
+    ClusterWatch,
+    local_ray_lost,
+    trial_resources,
+    trial_slots,
+)
+from smallinit.sweeper.study.plan import SweepPlan
 
 
 def import_tune() -> None:
@@ -22,7 +27,8 @@ def import_tune() -> None:
     import ray.tune.logger  # noqa: F401
     import ray.tune.schedulers  # noqa: F401
 
-    from . import progress, searcher  # noqa: F401
+    from smallinit.sweeper.results import progress  # noqa: F401
+    from smallinit.sweeper.study import searcher  # noqa: F401
 
 
 @dataclass
@@ -47,9 +53,9 @@ def run_trials(conf: SmallinitSweeperConf, ray_cfg: dict[str, Any], plan: SweepP
     from ray import tune
     from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
 
-    from .progress import ProgressTable
-    from .searcher import StudySearcher
-    from .trainable import METRIC, run_spec
+    from smallinit.sweeper.results.progress import ProgressTable
+    from smallinit.sweeper.study.searcher import StudySearcher
+    from smallinit.sweeper.worker.trainable import METRIC, run_spec
 
     composer = plan.composer
     # Each trial's own worker count (ray.fit_device_gib gives sizes their own); the largest caps the slots.

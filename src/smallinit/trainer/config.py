@@ -1,7 +1,7 @@
 """Typed trial configuration: what a user sets (`TrialArgs`) and the trial it builds (`TrialConfig`).
 
 `TrialArgs` mirrors conf/: a model preset and its overrides, init, norm, attn, data, optim and
-train. Its dataclasses are the schema Hydra composes against (sweeper/config.py registers them),
+train. Its dataclasses are the schema Hydra composes against (sweeper/config/config.py registers them),
 so their defaults are the command line's: `TrialArgs().build()` is the trial `python sweep.py`
 trains. `build()` is the one place settings are derived from each other (the preset's shape,
 the data's vocabulary, budgets per parameter).
@@ -295,7 +295,7 @@ class TrialArgs:
 
 
 def _ffn(given: Any) -> FFNConfig | None:
-    """model.ffn, which the schema leaves untyped (sweeper/schema.py): null, or a mapping of
+    """model.ffn, which the schema leaves untyped (sweeper/config/schema.py): null, or a mapping of
     FFNConfig's keys."""
     if given is None:
         return None

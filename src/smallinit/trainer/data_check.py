@@ -4,7 +4,7 @@
 
 A trial fits its corpus when the corpus has one training sequence and one validation window,
 and its budget takes at most `train.max_epochs` passes over the training tokens. The sweep
-driver runs this before it writes the study or a trial folder (sweeper/core.py), a plain run
+driver runs this before it writes the study or a trial folder (sweeper/driver.py), a plain run
 before it trains (sweep.py): a mistake is one line naming the key, the value and what is
 allowed. Needs no torch.
 """

@@ -42,7 +42,7 @@ M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_ARENA_MAX = -1, -3, -8
 # Freed memory up to this much stays in the process; blocks below it come from the heap.
 RETAIN_BYTES = 1 << 30
 # The same setting as glibc reads it at process start, before any thread has an arena: what the
-# sweep gives its Ray workers (sweeper/cluster.py), whose trials run on Tune's own thread.
+# sweep gives its Ray workers (sweeper/runtime/cluster.py), whose trials run on Tune's own thread.
 RETAIN_ENV = {"MALLOC_MMAP_THRESHOLD_": str(RETAIN_BYTES), "MALLOC_TRIM_THRESHOLD_": str(RETAIN_BYTES),
               "MALLOC_ARENA_MAX": "1"}
 USER_ALLOCATOR_VARS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_ARENA_MAX",

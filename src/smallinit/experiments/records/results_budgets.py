@@ -1,0 +1,56 @@
+"""docs/results.md's block for a record with several token budgets (experiments/claims/budgets.py): the
+baseline's L(N, D) fit, the recipe's N_eff/N and compute multiplier per measured cell, and where
+the fitted gap crosses 0, from the record's summary.json."""
+
+from __future__ import annotations
+
+import math
+
+from smallinit.experiments.fits.crossover import saddle_text
+from smallinit.experiments.output.md_table import fmt as _fmt
+from smallinit.experiments.output.md_table import table as _table
+
+
+def budgets_lines(es: dict, co: dict) -> list[str]:
+    """A several-budget record's L(N, D) fit, the recipe's N_eff/N and compute multiplier per
+    measured cell, and where the fitted gap crosses 0 (experiments/claims/budgets.py)."""
+    f, t = es["fit"], es.get("fit_total_n") or {}
+    total = (f" (with total N: α = {t['alpha']:.4f}, β = {t['beta']:.4f})" if t else "")
+    out = [f"**Effective size.** The baseline ({es['baseline']}) fitted to L(N, D) = E + A·N^-α + B·D^-β over its "
+           f"{es['baseline_cells']} (width, budget) cells, N = {es['n']}: E = {f['E']:.4f}, A = {f['A']:.4g}, "
+           f"α = {f['alpha']:.4f}, B = {f['B']:.4g}, β = {f['beta']:.4f}{total}. The recipe ({es['recipe']}) "
+           f"at each cell, as the baseline of N_eff parameters at the same D, and the factor of baseline compute "
+           f"({es['compute']}) that reaches its loss; {es['interval']} intervals"
+           + (f" over {es['n_boot']} resamples" if es.get("n_boot") else "") + ":", ""]
+    ci = lambda c, k: f"[{_g3(c[k + '_ci'][0])}, {_g3(c[k + '_ci'][1])}]" if c.get(k + "_ci") else "–"  # noqa: E731
+    out += [_table(["d_model", "budget [tokens]", "N", "recipe loss", "seeds", "N_eff / N", "95% interval",
+                    "compute multiplier", "95% interval"],
+                   [[str(c["d_model"]), f"{c['budget_tokens']:,.0f}", f"{c['n_nonembed']:,.0f}", _fmt(c["loss"]),
+                     str(c["seeds"]), _g3(c["n_eff_ratio"]), ci(c, "n_eff_ratio"), _g3(c["compute_multiplier"]),
+                     ci(c, "compute_multiplier")] for c in es["cells"]]), ""]
+    if co.get("status") == "fit":
+        saddle = saddle_text(co.get("saddle"))
+        out += [f"**Crossover.** Per confirm seed, gap = recipe − baseline fitted to {co['model']}; below, where the "
+                "seeds' mean fit is 0, with the interval where their fits' 95% t-interval holds 0."
+                + (f" {saddle}" if saddle else ""), ""]
+        out += [f"- {_crossing(c, 'd*(D=' + format(c['budget_tokens'], ',.0f') + ')')}" for c in co["d_star"]]
+        out += [f"- {_crossing(c, 'D*(d=' + str(c['d_model']) + ')')}" for c in co["budget_star"]]
+        if co.get("pays_at_preset"):
+            c = co["pays_at_preset"]
+            out += [f"- the {c['preset']} preset: {_crossing(c, 'D*(d=' + str(c['d_model']) + ')')}"]
+        out += [""]
+    elif co:
+        out += [f"**Crossover.** No fit: {co['status']}.", ""]
+    return out
+
+
+def _crossing(c: dict, name: str) -> str:
+    if c["point"] is None:
+        return f"{name}: no crossing ({c['note']}; the recipe is ahead {c['pays']})"
+    flags = [c["kind"], f"small init pays {c['pays']} it", *(["extrapolated"] if c["extrapolated"] else []),
+             *([c["note"]] if c["note"] else [])]
+    return f"{name} = {_g3(c['point'])} [{_g3(c['lo'])}, {_g3(c['hi'])}] ({'; '.join(flags)})"
+
+
+def _g3(x) -> str:
+    return "–" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{x:.3g}"

@@ -1,0 +1,100 @@
+"""Does a WSD cooldown branch (train.budgets) reach the loss of a dedicated cosine run of its
+budget? Pairs each cosine trial of one sweep with the branch of another sweep's trial that is the
+same model, arm and seeds at that budget, each at the lr its own sweep chose (the confirm trials
+of a select-then-confirm sweep; every trial of a sweep without one), and gives the paired
+difference per budget.
+
+    python -m smallinit.experiments.records.wsd_check --wsd sweeps/scaling_law --cosine sweeps/wsd_check [--out check.md]
+
+conf/experiment/wsd_check.yaml runs the cosine side of the scaling_law record's check.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from smallinit.experiments.stats.paired import t_interval
+
+# What makes a branch and a cosine run the same trial but for the schedule and its lr.
+MATCH = ("d_model", "n_layers", "gamma", "eps", "gate", "norm", "init_seed", "train_seed")
+LOSS = "final_val_loss"
+
+
+def _complete(sweep: Path) -> pd.DataFrame:
+    path = sweep / "results.parquet"
+    if not path.is_file():
+        raise SystemExit(f"error: {path} is missing: run that sweep's command first")
+    df = pd.read_parquet(path)
+    df = df[(df["state"] == "COMPLETE") & np.isfinite(df[LOSS])]
+    df = df[df["role"] == "confirm"] if "role" in df and (df["role"] == "confirm").any() else df
+    return at_budget_choice(df, sweep)
+
+
+def at_budget_choice(df: pd.DataFrame, sweep: Path) -> pd.DataFrame:
+    """A sweep that chose each budget's lr (protocol per_budget) runs its confirm seeds at several
+    lrs: keep, per arm and budget, only the branches at the lr that budget chose."""
+    path = sweep / "protocol.json"
+    record = json.loads(path.read_text()) if path.is_file() else {}
+    if not record.get("per_budget") or "param.arm" not in df:
+        return df
+    chosen = {(c["setting"].get("arm"), int(x["budget_tokens"])): float(f"{x['chosen']['optim.lr']:.6g}")
+              for c in record.get("choices", []) for x in c.get("chosen_by_budget") or []}
+    keep = [chosen.get((arm, int(b))) == float(f"{lr:.6g}")
+            for arm, b, lr in zip(df["param.arm"], df["budget_tokens"], df["lr"])]
+    return df[keep]
+
+
+def pair(wsd: pd.DataFrame, cosine: pd.DataFrame) -> pd.DataFrame:
+    """One row per cosine trial with its branch: budget, seeds, both losses, wsd - cosine."""
+    def budget(d: pd.DataFrame) -> pd.Series:  # a one-budget trial's row may leave budget_tokens empty
+        return (d["budget_tokens"] if "budget_tokens" in d else d["tokens"]).fillna(d["tokens"]).astype(int)
+
+    branches, runs = wsd.assign(budget=budget), cosine.assign(budget=budget)
+    keys = [*MATCH, "budget"]
+    joined = runs[[*keys, "lr", LOSS]].merge(branches[[*keys, "lr", LOSS]], on=keys, suffixes=("_cosine", "_wsd"))
+    return joined.assign(diff=joined[f"{LOSS}_wsd"] - joined[f"{LOSS}_cosine"]).sort_values(["budget", "train_seed"])
+
+
+def table(pairs: pd.DataFrame) -> str:
+    lines = ["| budget [tokens] | seeds | lr WSD | lr cosine | WSD branch | cosine run | WSD − cosine | 95% interval |",
+             "|---|---|---|---|---|---|---|---|"]
+    arms = pairs[["gamma", "eps", "gate"]].astype(str).agg(" ".join, axis=1)
+    several = arms.nunique() > 1
+    for (budget, arm), g in pairs.assign(_arm=arms).groupby(["budget", "_arm"]):
+        mean, lo, hi = t_interval(g["diff"].to_numpy())
+        lrs = [", ".join(f"{v:g}" for v in sorted(g[f"lr_{side}"].unique())) for side in ("wsd", "cosine")]
+        label = f"{budget:,}" + (f" (γ, eps, gate = {arm})" if several else "")
+        lines.append(f"| {label} | {', '.join(str(int(s)) for s in g['train_seed'])} | {lrs[0]} | {lrs[1]} | "
+                     f"{g[f'{LOSS}_wsd'].mean():.4f} | {g[f'{LOSS}_cosine'].mean():.4f} | {mean:+.4f} | "
+                     f"[{lo:+.4f}, {hi:+.4f}] |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--wsd", type=Path, required=True, help="the sweep whose trials ran train.budgets")
+    ap.add_argument("--cosine", type=Path, required=True, help="the sweep of dedicated runs, one per budget")
+    ap.add_argument("--out", type=Path, help="also write the table (markdown) here")
+    args = ap.parse_args(argv)
+    pairs = pair(_complete(args.wsd), _complete(args.cosine))
+    if pairs.empty:
+        print(f"error: no cosine trial of {args.cosine} matches a branch of {args.wsd} (same {', '.join(MATCH)} "
+              "and budget)", file=sys.stderr)
+        return 1
+    text = (f"A WSD cooldown branch against a dedicated cosine run of its budget (`python -m smallinit.experiments.records.wsd_check "
+            f"--wsd {args.wsd.name} --cosine {args.cosine.name}`): paired by seed, each at the lr its own sweep "
+            f"chose; final validation loss, nats/token.\n\n" + table(pairs))
+    print(text)
+    if args.out:
+        args.out.write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,267 @@
+"""The results table: `results.parquet` in the sweep folder (and its CSV twin `results.csv`), one row per trial, or per budget
+for a trial with train.budgets (identity `<trial>@<budget_tokens>`, from budgets/<tokens>.json).
+
+Built from what the trials wrote (core.trial_dir: trial.json, result.json, failure.json) and
+the study's states, so it can always be rebuilt and never drops a finished trial. Written
+atomically. Its columns are core.results_schema, documented in docs/sweeps.md ("The results table").
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pandas as pd
+
+from smallinit.core import results_schema as schema
+from smallinit.core.files import atomic_write
+from smallinit.core.trial_dir import TrialDir, unusable
+from smallinit.sweeper.config import protocol
+
+from . import summary
+
+if TYPE_CHECKING:
+    from smallinit.sweeper.study.study import Study
+
+
+def trial_rows(trial_dir: TrialDir, study_state: dict[str, Any] | None = None,
+               sweep_dir: Path | None = None) -> list[dict[str, Any]]:
+    """The trial's row, or one row per budget of a train.budgets trial; [] before it is planned."""
+    meta = trial_dir.read_trial(damaged_ok=True)
+    plan = trial_dir.read_sweep_plan()
+    if not _has_config(meta) and _has_config(plan):  # planned, never started, or trial.json damaged
+        meta = {"identity": plan.get("identity", trial_dir.identity), "config": plan["config"]}
+    if not _has_config(meta):
+        return _unreadable_settings_row(trial_dir, study_state or {}, sweep_dir)
+    cfg = meta["config"]
+    model, train = cfg["model"], cfg["train"]
+    result, failure = trial_dir.read_result(damaged_ok=True), trial_dir.read_failure(damaged_ok=True)
+    damage = trial_dir.damaged_result()
+    study_state = study_state or {}
+    if result is not None and damage is None:
+        state = schema.COMPLETE
+    elif failure is not None or damage is not None:
+        state = schema.FAIL
+    else:
+        state = study_state.get("state") or schema.INTERRUPTED
+        if state == schema.RUNNING:
+            state = schema.INTERRUPTED
+        elif state == schema.COMPLETE:  # the study says so, the folder cannot show it
+            state = schema.FAIL
+            damage = "missing"
+    if damage is not None:  # never a COMPLETE row without the numbers that make it one
+        what = "missing" if damage == "missing" else unusable(damage)
+        failure, result = {"reason": f"{trial_dir.result_json.name} is {what}: the next run of the sweep "
+                                     "trains the trial again"}, None
+    attempts = trial_dir.read_attempts(damaged_ok=True)
+    row = schema.new_row(plan.get("params", {}))
+    row.update(
+        trial_number=study_state.get("number"),
+        identity=meta["identity"],
+        trial_identity=meta["identity"],
+        state=state,
+        role=study_state.get("role"),
+        # Only a failed row has a reason: a trial that ran again and completed carries none.
+        fail_reason=((failure or {}).get("reason") or study_state.get("fail_reason")) if state == schema.FAIL else None,
+        model=cfg.get("preset"),
+        d_model=model["d_model"],
+        n_layers=model["n_layers"],
+        gamma=model["init"]["gamma"],
+        init_seed=model["init"]["seed"],
+        eps=model["norm"]["eps"],
+        norm=model["norm"]["type"],
+        gate=model["attn"]["gate"],
+        ffn=model["ffn"]["type"],
+        task=cfg["data"].get("task", "lm"),
+        train_seed=train["seed"],
+        lr=cfg["optim"]["lr"],
+        weight_decay=cfg["optim"]["weight_decay"],
+        workers=trial_dir.recorded_workers(),
+        node_id=attempts[-1].get("node_id") if attempts else None,
+        attempts=len(attempts),
+        trial_dir=str(trial_dir.path),
+        metrics_path=str(trial_dir.metrics),
+        probes_dir=str(trial_dir.probes),
+        budget_tokens=_planned_tokens(train),
+    )
+    if result is not None:
+        row.update(_outcome(result, trial_dir))
+    elif state == schema.PRUNED:
+        last = trial_dir.last_metrics()
+        row.update(final_val_loss=last.get("val/loss"), best_val_loss=last.get("val/best_loss"), tokens=last.get("tokens"))
+    row.update(schema.config_columns(cfg))  # every key, swept or not; build_table puts them last
+    rows = _budget_rows(row, trial_dir, train["budgets"]) if train.get("budgets") else [row]
+    if sweep_dir is not None:
+        for r in rows:
+            for column in schema.PATH_COLUMNS:
+                r[column] = schema.to_stored_path(r[column], sweep_dir)
+    return rows
+
+
+def _has_config(meta: Any) -> bool:
+    """meta (trial.json, or sweep.json) holds a config with the parts a row reads."""
+    cfg = meta.get("config") if isinstance(meta, dict) else None
+    return isinstance(cfg, dict) and all(isinstance(cfg.get(k), dict) for k in ("model", "train", "optim", "data"))
+
+
+def _planned_tokens(train: dict[str, Any]) -> int:
+    """The tokens a finished trial trains: whole steps of its budget (TrainConfig.total_steps)."""
+    per_step = train["batch_size"] * train["seq_len"] * train["grad_accum"]
+    steps = train["max_steps"] if train.get("max_steps") is not None else train["max_tokens"] // per_step
+    return steps * per_step
+
+
+def _unreadable_settings_row(trial_dir: TrialDir, study_state: dict[str, Any], sweep_dir: Path | None) -> list[dict[str, Any]]:
+    """A FAIL row naming the files whose settings cannot be read, for a trial that started
+    (trial.json, result.json or failure.json is there): one that ran or finished is never
+    dropped from the table without a word. [] for one only planned: its sweep.json is
+    rewritten when it is planned again (and folders of older sweeps held no config there)."""
+    records = (trial_dir.sweep_json, trial_dir.trial_json, trial_dir.result_json, trial_dir.failure_json)
+    if not any(p.exists() for p in records[1:]):
+        return []
+    bad = " and ".join(f"{p.name} is {'missing' if not p.exists() else 'damaged'}" for p in records[:2])
+    failure = trial_dir.read_failure(damaged_ok=True) or {}
+    reason = failure.get("reason") or (
+        f"{bad}: the trial's settings cannot be read, so its result cannot be reported; restore "
+        f"either file, or move {trial_dir.path} aside and rerun the sweep to train the trial again")
+    row = schema.new_row(study_state.get("params") or {})  # the folder lost them; the study kept them
+    row.update(
+        trial_number=study_state.get("number"), identity=trial_dir.identity, trial_identity=trial_dir.identity,
+        state=schema.FAIL, role=study_state.get("role"), trial_dir=str(trial_dir.path),
+        fail_reason=reason,  # a failure the trial recorded (its folder removed under it) says it best
+    )
+    if sweep_dir is not None:
+        row["trial_dir"] = schema.to_stored_path(row["trial_dir"], sweep_dir)
+    return [row]
+
+
+def _outcome(result: dict[str, Any], trial_dir: TrialDir) -> dict[str, Any]:
+    """The outcome columns of a result (result.json, or a budget's budgets/<tokens>.json); its
+    artifact paths resolved in trial_dir (an old absolute one is this folder's file when it is here)."""
+    final = result.get("final_metrics", {})
+    per_token = trial_dir.artifact(result.get("artifacts", {}).get("per_token_losses"))
+    out = dict(
+        n_params=result["n_params"], tokens=result["tokens"], final_val_loss=result["final_val_loss"],
+        best_val_loss=result["best_val_loss"], unigram_entropy=result["unigram_entropy"], wall_s=result["wall_s"],
+        tokens_per_s=result["tokens_per_s"], mfu=result["mfu"], dtype=result.get("dtype"),
+        corpus_tokens=result.get("corpus_tokens"),
+        per_token_losses_path=str(per_token) if per_token is not None else None,
+    )
+    for column in schema.PROBE_COLUMNS:
+        out[column.name] = final.get(schema.probe_metric(column))
+    for key, value in final.items():
+        if key.startswith("anchor/"):
+            out[schema.anchor_column(key)] = value
+    return out
+
+
+def _budget_rows(row: dict[str, Any], trial_dir: TrialDir, budgets: list[int]) -> list[dict[str, Any]]:
+    """One row per budget. A budget whose branch has been evaluated is COMPLETE with its own
+    numbers, even while the trial runs on; the others carry the trial's state and no numbers
+    (a PRUNED trial's last numbers go to the largest budget, the run they came from). Only the
+    largest budget's row names metrics.jsonl, probes/ and per-token losses: they follow the
+    main run, not the other budgets' cooldowns."""
+    outcome = {c.name: None for c in schema.OUTCOME_COLUMNS if c.name not in ("node_id", "attempts", schema.BUDGET_TOKENS)}
+    outcome.update({c.name: None for c in schema.PROBE_COLUMNS}, per_token_losses_path=None)
+    rows = []
+    for tokens in budgets:
+        largest = tokens == budgets[-1]
+        out = dict(row, identity=schema.budget_identity(row[schema.IDENTITY], tokens), budget_tokens=tokens)
+        branch = trial_dir.read_budget_result(tokens, damaged_ok=True)
+        why = trial_dir.damaged_budget(tokens)  # damaged, or another trial's or budget's copied in
+        if branch is not None and why is None:
+            out.update(outcome, state=schema.COMPLETE, fail_reason=None)
+            out.update(_outcome(branch, trial_dir))
+        elif row[schema.STATE] == schema.COMPLETE:  # result.json without its budget file: study_rebuild.reconcile heals it
+            heal = "rewrites it from result.json" if largest else "trains the trial again"
+            out.update(outcome, state=schema.FAIL, fail_reason=f"{trial_dir.budget_json(tokens)} is "
+                       f"{'missing' if why is None else unusable(why)}: the next run of the sweep {heal}")
+        elif not largest:
+            out.update(outcome)
+        if not largest:
+            out.update(metrics_path=None, probes_dir=None, per_token_losses_path=None)
+        rows.append(out)
+    return rows
+
+
+def build_table(sweep_dir: Path, study_states: dict[str, dict[str, Any]] | None = None) -> pd.DataFrame:
+    """One row per trial (per budget of a train.budgets trial), in trial-number order: every trial folder under sweep_dir/trials,
+    plus the study's trials whose folders live elsewhere (a study shared between sweep
+    folders), each identity once."""
+    study_states = study_states or {}
+    dirs = {d.identity: d for d in TrialDir.all_in_sweep(sweep_dir)}
+    for ident, state in study_states.items():
+        if ident not in dirs and state.get("trial_dir"):
+            dirs[ident] = TrialDir(state["trial_dir"])
+    rows = [row for ident, d in dirs.items() for row in trial_rows(d, study_states.get(ident), sweep_dir)]
+    _fill_roles(rows, sweep_dir)
+    df = pd.DataFrame(rows)
+    if not df.empty:
+        df = df.sort_values(schema.TRIAL_NUMBER, na_position="last", kind="stable").reset_index(drop=True)
+        config = [c for c in df.columns if c.startswith(schema.CONFIG_PREFIX)]
+        df = df[[c for c in df.columns if c not in config] + config]
+        for column in config:
+            df[column] = _one_kind(df[column])
+    return df
+
+
+def _one_kind(values: pd.Series) -> pd.Series:
+    """A config column whose trials hold values of different kinds (a number in one, a string
+    or a flag in another) as text, each value as its JSON spelling: Parquet stores one type per
+    column. Numbers alone (int and float) and one kind alone stay as they are."""
+    kinds = {type(v) for v in values if v is not None and not (isinstance(v, float) and pd.isna(v))}
+    if len(kinds) <= 1 or kinds <= {int, float}:
+        return values
+    return values.map(lambda v: v if v is None or isinstance(v, str) or (isinstance(v, float) and pd.isna(v))
+                      else json.dumps(v))
+
+
+def _fill_roles(rows: list[dict[str, Any]], sweep_dir: Path) -> None:
+    """A protocol trial the study lacks the role of (restored from its folder) takes it from
+    its seed, as protocol.json assigns them."""
+    path = Path(sweep_dir) / protocol.RECORD
+    if not path.exists():
+        return
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return  # the study's roles stand; the record is rewritten when stage 1 is next settled
+    seed_column = f"{schema.PARAM_PREFIX}{record.get('seed_key', 'seed')}"
+    for row in rows:
+        if row.get(schema.ROLE) is None:
+            row[schema.ROLE] = protocol.role_of(row.get(seed_column), record)
+
+
+def write_table(sweep_dir: Path, df: pd.DataFrame) -> Path:
+    """results.parquet, then its CSV twin results.csv (the same rows and columns), each atomically."""
+    path = schema.results_path(sweep_dir)
+    atomic_write(path, lambda f: df.to_parquet(f, index=False))
+    atomic_write(schema.csv_path(sweep_dir), lambda f: df.to_csv(f, index=False))
+    return path
+
+
+def write_results(sweep_dir: Path, study: Study) -> pd.DataFrame:
+    """Rebuild and write the table from the trial folders and the study; print the counts
+    and the best trial."""
+    states = {
+        ident: {"number": t.number, "state": t.state.name, "fail_reason": t.user_attrs.get("fail_reason"),
+                "trial_dir": t.user_attrs.get("trial_dir"), "role": t.user_attrs.get("role"), "params": t.params}
+        for ident, t in study.by_identity().items()
+    }
+    df = build_table(sweep_dir, states)
+    path = write_table(sweep_dir, df)
+    print(f"results: {path} ({summary.state_counts(df)})")
+    for line in summary.failure_lines(df, sweep_dir):
+        print(line)
+    done = df[df[schema.STATE] == schema.COMPLETE].dropna(subset=[schema.FINAL_VAL_LOSS]) if not df.empty else df
+    if not done.empty:
+        best = done.loc[done[schema.FINAL_VAL_LOSS].idxmin()]
+        params = {c.removeprefix(schema.PARAM_PREFIX): best[c].item() if hasattr(best[c], "item") else best[c]
+                  for c in df.columns if c.startswith(schema.PARAM_PREFIX)}
+        folder = schema.to_local_path(best["trial_dir"], sweep_dir)
+        print(f"best: trial {int(best[schema.TRIAL_NUMBER])} {params} val loss {best[schema.FINAL_VAL_LOSS]:.4f} -> {folder}")
+        setting = summary.best_setting_line(done)
+        if setting:
+            print(setting)
+    return df
