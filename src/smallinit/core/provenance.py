@@ -90,3 +90,19 @@ def record(repo: Path = REPO) -> dict[str, Any]:
         "machine": {"hostname": platform.node(), "platform": platform.platform(), "cpu_model": model,
                     "cpu_count": os.cpu_count(), "cpu_flags": [f for f in CPU_FLAGS if f in flags], "loadavg": load},
     }
+
+
+# What a record must hold to be traced: a field absent or None here leaves a number unexplained.
+REQUIRED = ("commit", "dirty", "date", "lock_sha256", "packages.python", "packages.torch", "packages.numpy",
+            "machine.cpu_model", "machine.cpu_count", "machine.cpu_flags")
+
+
+def missing(block: dict[str, Any]) -> list[str]:
+    """The REQUIRED fields a provenance block lacks (dotted paths), in REQUIRED's order."""
+    def get(path: str):
+        value: Any = block
+        for key in path.split("."):
+            value = value.get(key) if isinstance(value, dict) else None
+        return value
+
+    return [path for path in REQUIRED if get(path) is None]
