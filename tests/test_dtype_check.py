@@ -82,3 +82,21 @@ def test_a_gap_whose_sign_flipped_late_in_training_is_not_called_a_change(tmp_pa
     f["metrics_path"] = [_curve(tmp_path / f"held-{d}{s}.jsonl", [5.0, 4.5, v + 0.1, v])
                          for d, s, v in zip(f["dtype"], f["init_seed"], f["final_val_loss"])]
     assert dtype_gap(f).outcome == "changes" and dtype_gap(f).settled is True
+
+
+def test_the_json_record_names_its_code_machine_and_the_table_it_read(tmp_path):
+    import hashlib
+    import json
+
+    from .conftest import result_row, write_results
+
+    from smallinit.core.provenance import missing
+
+    rows = [result_row(dtype=d, init_seed=s, train_seed=s, seed=s, lr=1e-3, gamma=0.5, final_val_loss=v, tokens_per_s=1e3,
+                       identity=f"{d}{s}") for d, vs in (("fp32", (4.0, 4.1, 4.2)), ("bf16", (4.01, 4.09, 4.22)))
+            for s, v in enumerate(vs)]
+    sweep = write_results(tmp_path, "bf16_check", rows)
+    assert main([str(sweep), "--json", str(tmp_path / "out.json")]) == 0
+    stamp = json.loads((tmp_path / "out.json").read_text())["provenance"]
+    assert missing(stamp) == []
+    assert stamp["results_sha256"]["bf16_check"] == hashlib.sha256((sweep / "results.parquet").read_bytes()).hexdigest()

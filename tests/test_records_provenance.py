@@ -1,6 +1,6 @@
 """Every record committed to the repository names what made it: commit, dirty flag, lock file,
 package versions and machine (core/provenance.py), and a report's summary the hash of each
-results table it read. The records made before records were stamped are listed, with why, in
+results table it read, with a CSV copy committed beside it. The records made before records were stamped are listed, with why, in
 docs/records_without_provenance.json; that list may only shrink."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from smallinit.core.provenance import missing
+from smallinit.core.provenance import file_sha256, missing
 
 REPO = Path(__file__).resolve().parents[1]
 UNSTAMPED = REPO / "docs" / "records_without_provenance.json"
@@ -50,10 +50,15 @@ def test_each_committed_record_carries_its_provenance_or_is_listed_with_why(name
     assert not missing(block), f"{name}: provenance lacks {missing(block)}"
     assert re.fullmatch(r"[0-9a-f]{40}", block["commit"]), f"{name}: commit {block['commit']!r}"
     if name.endswith("summary.json"):
-        summary = json.loads((REPO / name).read_text())
-        hashes = summary["provenance"].get("results_sha256")
+        hashes = block.get("results_sha256")
         assert hashes and all(re.fullmatch(r"[0-9a-f]{64}", h or "") for h in hashes.values()), \
             f"{name}: no sha256 of the results table(s) it read: {hashes}"
+        tables = block.get("results_tables") or {}
+        assert set(tables) == set(hashes), f"{name}: a results table per sweep read, committed beside it: {tables}"
+        for sweep, table in tables.items():
+            path = (REPO / name).parent / table["file"]
+            assert path.exists(), f"{name}: {sweep}'s results table {path.name} is not committed beside it"
+            assert file_sha256(path) == table["sha256"], f"{path.relative_to(REPO)} is not the table {name} was built from"
 
 
 def test_the_list_of_unstamped_records_names_only_records_that_exist_and_says_why():

@@ -67,10 +67,15 @@ def test_collect_copies_the_summary_and_shrinks_figures(tmp_path):
     src.mkdir(parents=True)
     shutil.copyfile(DOCS / "results" / "moe" / "summary.json", src / "summary.json")
     Image.new("RGB", (2400, 1200), "white").save(src / "loss_vs_lr.png")
+    (src / "results-moe.csv").write_text("identity,final_val_loss\nabc,4.5\n")
+    out = tmp_path / "docs" / "results" / "moe"
+    out.mkdir(parents=True)
+    (out / "results-stale.csv").write_text("identity\nold\n")  # a table from an earlier report goes
     got = results_doc.collect(tmp_path / "reports", tmp_path / "docs")
     assert got == ["moe"]
-    out = tmp_path / "docs" / "results" / "moe"
     assert (out / "summary.json").read_bytes() == (src / "summary.json").read_bytes()
+    assert sorted(p.name for p in out.glob("*.csv")) == ["results-moe.csv"]
+    assert (out / "results-moe.csv").read_bytes() == (src / "results-moe.csv").read_bytes()
     assert Image.open(out / "loss_vs_lr.png").size == (results_doc.FIGURE_WIDTH, 450)
     assert not (out / "loss_curves.png").exists()  # absent from the report: nothing to copy
 

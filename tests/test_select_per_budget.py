@@ -148,6 +148,11 @@ def test_a_per_budget_sweep_chooses_from_the_branches_and_confirms_each_choice(t
     prov = json.loads((out / "summary.json").read_text())["provenance"]
     assert len(prov["commit"]) == 40 and prov["packages"]["torch"] and prov["machine"]["cpu_count"] >= 1
     assert prov["results_sha256"]["pb"] == hashlib.sha256((sweep_dir / "results.parquet").read_bytes()).hexdigest()
+    # ... and a CSV copy of that table beside it, rows with their identities, named by its sha256
+    table = out / prov["results_tables"]["pb"]["file"]
+    assert prov["results_tables"]["pb"]["sha256"] == hashlib.sha256(table.read_bytes()).hexdigest()
+    copied = pd.read_csv(table)
+    assert sorted(copied["identity"]) == sorted(pd.read_parquet(sweep_dir / "results.parquet")["identity"])
 
 
 def test_per_budget_without_budgets_is_refused_before_anything_is_written(tmp_path, data_cache):

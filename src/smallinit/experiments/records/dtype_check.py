@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from smallinit.core import provenance
 from smallinit.core import results_schema as schema
 from smallinit.experiments.data.load import SEED_COLS, ReportError, load
 from smallinit.experiments.stats.stats import compare
@@ -125,7 +126,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print("\n".join(result.lines()))
     if args.json:
-        args.json.write_text(json.dumps({**asdict(result), "verdict": result.verdict, "inside_spread": result.inside_spread}, indent=2) + "\n")
+        stamp = {**provenance.record(), "results_sha256": {args.sweep.name: provenance.file_sha256(schema.results_path(args.sweep))}}
+        args.json.write_text(json.dumps({**asdict(result), "verdict": result.verdict, "inside_spread": result.inside_spread,
+                                         "provenance": stamp}, indent=2) + "\n")
     return 0 if result.inside_spread else 1
 
 

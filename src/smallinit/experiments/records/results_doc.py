@@ -309,7 +309,7 @@ def render(docs: Path) -> str:
 
 
 def collect(reports: Path, docs: Path) -> list[str]:
-    """Copy each experiment's summary.json and key figures (shrunk) from its report."""
+    """Copy each experiment's summary.json, its results tables and key figures (shrunk) from its report."""
     from PIL import Image
 
     done = []
@@ -321,7 +321,11 @@ def collect(reports: Path, docs: Path) -> list[str]:
         dst.mkdir(parents=True, exist_ok=True)
         for old in dst.glob("*.png"):
             old.unlink()
+        for old in dst.glob("results-*.csv"):
+            old.unlink()
         shutil.copyfile(src / "summary.json", dst / "summary.json")
+        for table in src.glob("results-*.csv"):  # the tables the summary names by sha256
+            shutil.copyfile(table, dst / table.name)
         for fig in FIGURES[name]:
             if (src / f"{fig}.png").exists():
                 im = Image.open(src / f"{fig}.png")

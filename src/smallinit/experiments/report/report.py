@@ -90,7 +90,9 @@ def build(dirs: list[Path], out_root: Path = Path("reports"), baseline_gamma: fl
         section_blocks, part = section(ctx)
         blocks += section_blocks
         parts.update(part)
-    parts.update(dtype=ctx.dtype, figures=ctx.figs.as_dicts(), build_s=time.time() - t0, provenance=_provenance(dirs))
+    tables = write_results_tables(dirs, out)
+    parts.update(dtype=ctx.dtype, figures=ctx.figs.as_dicts(), build_s=time.time() - t0,
+                 provenance=_provenance(dirs, tables))
     summary = dict(sorted(parts.items(), key=lambda kv: SUMMARY_KEYS.index(kv[0])))
     (out / "report.md").write_text(to_markdown(blocks))
     (out / "index.html").write_text(to_html(blocks, f"smallinit report: {sweep.name}", out))
@@ -98,10 +100,23 @@ def build(dirs: list[Path], out_root: Path = Path("reports"), baseline_gamma: fl
     return out
 
 
-def _provenance(dirs: list[Path]) -> dict:
-    """The analysis code, packages and machine that built this summary, and the sha256 of each
-    results table it read (the trials themselves name theirs in their folders)."""
-    return {**provenance.record(), "results_sha256": {d.name: provenance.file_sha256(results_path(d)) for d in dirs}}
+def write_results_tables(dirs: list[Path], out: Path) -> dict[str, dict[str, str]]:
+    """Each sweep's results table beside the summary, as CSV (rows with their trial identities),
+    so that a committed summary keeps the table it was built from: {sweep: {file, sha256}}."""
+    tables = {}
+    for d in dirs:
+        path = out / f"results-{d.name}.csv"
+        pd.read_parquet(results_path(d)).to_csv(path, index=False)
+        tables[d.name] = {"file": path.name, "sha256": provenance.file_sha256(path)}
+    return tables
+
+
+def _provenance(dirs: list[Path], tables: dict[str, dict[str, str]]) -> dict:
+    """The analysis code, packages and machine that built this summary, the sha256 of each
+    results table it read, and the CSV copy of each written beside it (the trials themselves
+    name their own provenance in their folders)."""
+    return {**provenance.record(), "results_sha256": {d.name: provenance.file_sha256(results_path(d)) for d in dirs},
+            "results_tables": tables}
 
 
 def _parse_kv(spec: str | None) -> dict[str, str] | None:
