@@ -88,9 +88,9 @@ def test_the_json_record_names_its_code_machine_and_the_table_it_read(tmp_path):
     import hashlib
     import json
 
-    from .conftest import result_row, write_results
-
     from smallinit.core.provenance import missing
+
+    from .conftest import result_row, write_results
 
     rows = [result_row(dtype=d, init_seed=s, train_seed=s, seed=s, lr=1e-3, gamma=0.5, final_val_loss=v, tokens_per_s=1e3,
                        identity=f"{d}{s}") for d, vs in (("fp32", (4.0, 4.1, 4.2)), ("bf16", (4.01, 4.09, 4.22)))
