@@ -23,7 +23,7 @@ ARGS ?=
 # about 10 minutes on 2 cores), so the report can give the best setting an interval and a verdict.
 SWEEP_GRID ?= init.gamma=0.5,0.75,1.0,1.25 norm.eps=1e-5,1e-12 seed=0,1,2
 
-.PHONY: help install lock sweep run test test-slow test-full report compare experiments bench lint dashboard clean
+.PHONY: help install lock sweep run test-unit test test-slow test-full report compare experiments bench lint dashboard clean
 
 # The descriptions below name variables ($(TORCH_SPEC), $(EXTRAS)): help shows their values.
 help: ## Show this help
@@ -47,6 +47,9 @@ sweep: install ## Run the main sweep: gamma x eps on the CPU default model (ARGS
 
 run: install ## Train one trial with the defaults (ARGS=... to override)
 	$(PY) sweep.py $(ARGS)
+
+test-unit: install ## Run the unit tier: no corpus, Ray or training (~2 min)
+	$(PY) -m pytest -m "not slow and not integration" --durations=20 $(ARGS)
 
 test: install ## Run the tests (not marked slow)
 	$(PY) -m pytest -m "not slow" --durations=60 $(ARGS)

@@ -17,6 +17,19 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "src" / "smallinit" / "conf"
 
+# The unit tier (`make test-unit`, ~2 min) runs without a prepared corpus, a Ray cluster or a
+# training run: a test that asks for one of these fixtures, or is marked integration or slow,
+# is left out (a test that starts Ray or a sweep without them carries the mark itself).
+INTEGRATION_FIXTURES = {"data_cache", "compose", "trial_config", "tiny_sweep", "empty_study_db", "study_folder",
+                        "bilingual"}
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if INTEGRATION_FIXTURES & set(item.fixturenames) and not item.get_closest_marker("integration"):
+            item.add_marker(pytest.mark.integration)
+
+
 # Tiny but real: the bundled bilingual corpus, the nano model, a few optimizer steps.
 TINY = [
     "model=nano",

@@ -65,6 +65,7 @@ def test_a_moved_internal_is_reported_in_one_line(monkeypatch):
     assert "ray._private.worker._no_such_name" in message and ray_internals.CHECKED_AGAINST in message
 
 
+@pytest.mark.integration
 def test_stop_ray_kills_the_monitor_of_a_local_head(monkeypatch):
     """Node.all_processes and ProcessInfo.process exist only on a live node: start one."""
     import ray

@@ -243,6 +243,7 @@ def test_a_folder_keeps_its_question_and_new_keys_are_refused(tmp_path, data_cac
     assert added.returncode != 0 and "+foo=1,2 is invalid" in added.stderr and not (tmp_path / "sweeps" / "foo").exists()
 
 
+@pytest.mark.integration
 def test_show_prints_each_trial_as_it_will_train(tmp_path):
     proc = run_cli(["--show", "model=micro", "model.d_model=128", "model.head_dim=64"], cwd=tmp_path, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
