@@ -3,6 +3,7 @@
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -19,6 +20,11 @@ def test_roles_from_command_lines():
     assert role(".../ray/core/src/ray/raylet/raylet\0--node_ip_address=127.0.0.1", False) == "ray: raylet"
     assert role(".../ray/core/src/ray/gcs/gcs_server\0--port=0", False) == "ray: gcs_server"
     assert role("/x/wandb/bin/wandb-core\0--port-filename", False) == "wandb-core"
+    # the reaper's real command line, as cluster.py starts it
+    from smallinit.sweeper.runtime import cluster
+
+    script = str(Path(cluster.__file__).with_name("reaper.py"))
+    assert role(f"/venv/bin/python\0-I\0-S\0{script}\0SMALLINIT_OWNER\0tag\0123", False) == "reaper"
     assert role("python\0sweep.py\0-m", True) == "driver"
     assert role("/usr/bin/sleep\x0010", False) == "other: sleep"
 

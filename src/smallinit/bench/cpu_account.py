@@ -31,7 +31,7 @@ ROLES = (
     ("log_monitor.py", "ray: log monitor"),
     ("monitor.py", "ray: autoscaler monitor"),
     ("wandb-core", "wandb-core"),
-    ("sweeper.runtime.reaper", "reaper"),
+    ("sweeper/runtime/reaper.py", "reaper"),  # started as a script (cluster.py), not with -m
 )
 
 
