@@ -330,3 +330,22 @@ def test_a_cache_written_before_files_were_recorded_is_checked_by_its_token_coun
     assert cache_damage(data.dir) is None
     (data.dir / "val.bin").write_bytes((data.dir / "val.bin").read_bytes()[:-2])
     assert cache_damage(data.dir).startswith("val.bin holds ")
+
+
+def test_text_reads_parquet_with_the_reader_make_shards_uses(tmp_path):
+    # One reader of text sources: data=text and make_shards see the same documents of a file.
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from smallinit.trainer import corpus, make_shards
+
+    texts = ["first document", None, "   ", "second, 二"]
+    pq.write_table(pa.table({"text": texts, "id": [1, 2, 3, 4]}), tmp_path / "part.parquet")
+    (tmp_path / "same.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in ("first document", "second, 二")))
+    TextData(paths=(str(tmp_path / "part.parquet"),))  # accepted, where it was refused before
+    got = [d.text for d in corpus.read_text_file(tmp_path / "part.parquet")]
+    assert got == ["first document", "second, 二"] == [d.text for d in corpus.read_text_file(tmp_path / "same.jsonl")]
+    assert list(make_shards.documents([tmp_path / "part.parquet"])) == got
+    pq.write_table(pa.table({"body": ["x"]}), tmp_path / "other.parquet")
+    with pytest.raises(ValueError, match="has no 'text' column"):
+        corpus.read_text_file(tmp_path / "other.parquet")

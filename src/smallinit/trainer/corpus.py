@@ -23,7 +23,7 @@ import importlib.util
 import json
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +37,7 @@ READER_VERSION = 1
 CONTENT_HASH_LIMIT = 1 << 30
 
 _PKU_ARTICLE_ID = re.compile(r"^\d{8}-\d{2}-\d{3}-\d{3}/m$")
+TEXT_SUFFIXES = (".txt", ".jsonl", ".parquet")  # what iter_text_file reads
 _TEXT_DOC_SEPARATOR = re.compile(r"\n\s*\n|" + re.escape(EOT))
 
 
@@ -103,7 +104,7 @@ def expand(patterns: Iterable[str]) -> dict[str, list[Path]]:
 
 
 def read_text_files(files: Iterable[Path]) -> list[Document]:
-    """.txt: split on blank lines and on literal <|endoftext|>; .jsonl: one doc per `text`.
+    """Every document of files (iter_text_file), duplicates dropped.
     A file that is not UTF-8 text (or not JSON lines) raises ValueError naming it."""
     docs = []
     for path in files:
@@ -111,15 +112,31 @@ def read_text_files(files: Iterable[Path]) -> list[Document]:
             docs += read_text_file(path)
         except UnicodeDecodeError as e:
             raise ValueError(f"{path} is not UTF-8 text (byte {e.start}: {e.object[e.start:e.start + 4]!r}); "
-                             "data=text reads .txt and .jsonl in UTF-8") from None
+                             "data=text reads .txt and .jsonl in UTF-8 (and .parquet)") from None
     return dedupe(docs)
 
 
 def read_text_file(path: Path) -> list[Document]:
+    return list(iter_text_file(path))
+
+
+def iter_text_file(path: Path) -> Iterator[Document]:
+    """The one reader of text sources (data=text and make_shards): .txt split at blank lines and
+    at <|endoftext|>, .jsonl one document per `text` string, .parquet one per non-empty string
+    of its `text` column (read in batches, so a large file is never whole in memory)."""
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        table = pq.ParquetFile(path)
+        if "text" not in table.schema_arrow.names:
+            raise ValueError(f"{path} has no 'text' column (columns: {table.schema_arrow.names})")
+        for batch in table.iter_batches(columns=["text"], batch_size=4096):
+            yield from (Document("text", t) for t in batch.column(0).to_pylist() if isinstance(t, str) and t.strip())
+        return
     if path.suffix != ".jsonl":
         text = path.read_text(encoding="utf-8")
-        return [Document("text", p.strip("\n")) for p in _TEXT_DOC_SEPARATOR.split(text) if p.strip()]
-    docs = []
+        yield from (Document("text", p.strip("\n")) for p in _TEXT_DOC_SEPARATOR.split(text) if p.strip())
+        return
     with open(path, encoding="utf-8") as f:
         for n, line in enumerate(f, 1):
             if not line.strip():
@@ -131,8 +148,7 @@ def read_text_file(path: Path) -> list[Document]:
             if not isinstance(record, dict) or not isinstance(record.get("text"), str):
                 raise ValueError(f"{path}:{n}: expected an object with a 'text' string")
             if record["text"].strip():
-                docs.append(Document("text", record["text"]))
-    return docs
+                yield Document("text", record["text"])
 
 
 def dedupe(docs: list[Document]) -> list[Document]:

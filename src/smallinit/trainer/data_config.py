@@ -1,7 +1,7 @@
 """What a trial learns from, typed: one frozen dataclass per conf/data/*.yaml.
 
     BilingualData  the bundled English + Chinese corpus   conf/data/bilingual.yaml
-    TextData       your own .txt / .jsonl files            conf/data/text.yaml
+    TextData       your own .txt/.jsonl/.parquet           conf/data/text.yaml
     TokensData     pre-tokenised .bin files or shard folders conf/data/tokens.yaml
     AnchorData     the anchor-function task                 conf/data/anchor.yaml
                    (defined beside its recipe in trainer/anchor_task.py)
@@ -109,16 +109,16 @@ class BilingualData(CorpusData):
 
 @dataclass(frozen=True)
 class TextData(CorpusData):
-    """Your own text: .txt files (split into documents at blank lines) or .jsonl with a
-    "text" field, tokenised by a BPE trained on them."""
+    """Your own text: .txt files (split into documents at blank lines), .jsonl with a "text"
+    field or .parquet with a "text" column, tokenised by a BPE trained on them."""
 
     corpus: str = field(default="text", init=False)
 
     def _check_paths(self) -> None:
         super()._check_paths()
         for files in corpus_mod.expand(self.paths).values():
-            bad = [str(f) for f in files if f.suffix not in (".txt", ".jsonl")]
-            require(not bad, "data.paths", self.paths, f"only .txt/.jsonl files, got {bad}")
+            bad = [str(f) for f in files if f.suffix not in corpus_mod.TEXT_SUFFIXES]
+            require(not bad, "data.paths", self.paths, f"only {'/'.join(corpus_mod.TEXT_SUFFIXES)} files, got {bad}")
 
 
 @dataclass(frozen=True)

@@ -26,10 +26,10 @@ from pathlib import Path
 
 import numpy as np
 
-from .corpus import EOT, read_text_file
+from .corpus import EOT, TEXT_SUFFIXES, iter_text_file
 from .shards import SHARDS_META, TOKENIZER_FILE, file_sha256, write_shard
 
-SUFFIXES = (".txt", ".jsonl", ".parquet")
+SUFFIXES = TEXT_SUFFIXES
 MAX_VOCAB = 2**16  # the headered format stores uint16 tokens
 
 
@@ -38,17 +38,9 @@ def find_files(text_dir: Path) -> list[Path]:
 
 
 def documents(files: list[Path]) -> Iterator[str]:
+    """Each document's text, read by the reader data=text uses (corpus.iter_text_file)."""
     for path in files:
-        if path.suffix == ".parquet":
-            import pyarrow.parquet as pq
-
-            table = pq.ParquetFile(path)
-            if "text" not in table.schema_arrow.names:
-                raise ValueError(f"{path} has no 'text' column (columns: {table.schema_arrow.names})")
-            for batch in table.iter_batches(columns=["text"], batch_size=4096):
-                yield from (t for t in batch.column(0).to_pylist() if isinstance(t, str) and t.strip())
-        else:
-            yield from (d.text for d in read_text_file(path))
+        yield from (d.text for d in iter_text_file(path))
 
 
 def load_tokenizer(path: Path | None, files: list[Path], vocab_size: int, n_docs: int):
