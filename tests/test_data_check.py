@@ -149,3 +149,22 @@ def test_the_shard_recipe_goes_from_text_to_a_trained_trial(tmp_path, data_cache
     result = json.loads((run_dir / "result.json").read_text())
     assert result["steps"] == 2 and result["corpus_tokens"] == meta["train_tokens"]
     assert np.isfinite(result["final_val_loss"])
+
+
+def test_each_worker_opens_the_corpus_the_driver_prepared(tiny_sweep):
+    # The driver prepares and checks the corpus once; its workers open that cache as it is
+    # rather than hashing the inputs again (a worker elsewhere prepares its own: still_usable).
+    logs = [p.read_text() for p in (tiny_sweep / "trials").glob("*/trial.log")]
+    assert logs and all(", prepared by the driver" in log and "data: cache hit" not in log for log in logs)
+
+
+def test_a_corpus_prepared_elsewhere_is_not_used_here(tmp_path, data_cache):
+    import dataclasses
+
+    from smallinit.trainer.data import prepare, still_usable
+    from smallinit.trainer.data_config import BilingualData
+
+    prepared = prepare(BilingualData(cache_dir=str(data_cache)), log=lambda *_: None)
+    assert still_usable(prepared) is None
+    elsewhere = dataclasses.replace(prepared, dir=tmp_path / "on-another-node")
+    assert still_usable(elsewhere) == f"{tmp_path / 'on-another-node'} is not on this machine"

@@ -94,7 +94,8 @@ def _run(conf: SmallinitSweeperConf, loader, base: DictConfig, arguments: list[s
         grid_specs, checked = _protocol_specs(conf.protocol, composer)
     else:
         grid_specs, checked = validate_sweep(composer)
-    check_trials([spec.trial for spec in checked])  # every corpus read and checked before the first write
+    # Every corpus read and checked before the first write, and handed to the trials' workers.
+    composer.hand_over(check_trials([spec.trial for spec in checked]))
     # ray.fit_device_gib gives each trial its own worker count: the largest must fit too.
     most = max((spec.workers for spec in checked), default=resources.workers(ray_cfg))
     resources.check_local_workers(ray_cfg, most)

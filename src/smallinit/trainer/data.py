@@ -155,6 +155,15 @@ def prepare(cfg: CorpusData, log=print) -> PreparedData:
     return data
 
 
+def still_usable(data: PreparedData) -> str | None:
+    """Why a corpus prepared elsewhere (by the sweep's driver) cannot be used here as it is, or
+    None: its cache folder must be on this machine and whole. A worker given one that is not
+    prepares the corpus itself."""
+    if not (data.dir / "meta.json").is_file():
+        return f"{data.dir} is not on this machine"
+    return cache_damage(data.dir)
+
+
 # Cache files up to this size are checked against their sha256 on every hit (the default
 # corpus's take ~20 ms); larger ones against their size only, so a hit stays fast.
 HASH_CHECK_BYTES = 64 * 2**20

@@ -34,6 +34,15 @@ class Composer:
         self.points = PointComposer(lambda overrides: loader.load_sweep_config(base, overrides),
                                     lambda path: loader.repository.group_exists(path))
         self._built: dict[str, TrialSpec] = {}
+        self.prepared: dict = {}  # CorpusData -> PreparedData, once the driver has checked the trials
+
+    def hand_over(self, prepared: dict) -> None:
+        """Give each trial the corpus the driver prepared and checked it against, so its worker
+        opens that cache rather than hashing the inputs again (trainer/data.still_usable says
+        when a worker on another machine must prepare its own)."""
+        self.prepared = prepared
+        for spec in self._built.values():
+            spec.prepared = prepared.get(spec.trial.data)
 
     def spec(self, params: dict[str, Any], write: bool = False) -> TrialSpec:
         key = json.dumps(params, sort_keys=True, default=str)
@@ -68,6 +77,7 @@ class Composer:
             params=dict(params), overrides=overrides, sweep_name=str(container.get("name", "sweep")),
             wandb=dict(wandb_cfg), threads=int(ray_cfg.get("cpus_per_trial") or 1),
             workers=workers, gpus=float(ray_cfg.get("gpus_per_trial") or 0),
+            prepared=self.prepared.get(trial.data),
         )
         return spec
 

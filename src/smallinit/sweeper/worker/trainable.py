@@ -47,6 +47,9 @@ class TrialSpec:
     # CPUs and `gpus` GPUs (ray.cpus_per_trial, ray.gpus_per_trial are then per worker).
     workers: int = 1
     gpus: float = 0.0
+    # The corpus the driver prepared and checked this trial against (a trainer.data.PreparedData:
+    # paths and counts, no tokens); None for the anchor task or a spec built before the check.
+    prepared: Any = None
 
     def label(self) -> str:
         return " ".join(f"{k}={v}" for k, v in self.params.items()) or self.identity
@@ -204,7 +207,7 @@ def _train(spec: TrialSpec, out: TrialDir) -> dict[str, Any] | None:
                     if spec.wandb.get("mode", "auto") != "disabled":
                         reporters.append(WandbReporter(spec))
                     done = _as_dict(run_trial(spec.trial, out.path, reporter=MultiReporter(*reporters),
-                                              log=lambda *a: print(*a, flush=True)))
+                                              log=lambda *a: print(*a, flush=True), prepared=_prepared(spec)))
             except Exception as e:  # recorded, not retried by Tune: the next run decides (failures.py)
                 kind, reason = classify(e)
                 trace = traceback.format_exc()
@@ -214,6 +217,18 @@ def _train(spec: TrialSpec, out: TrialDir) -> dict[str, Any] | None:
                 tune.report({"failed": 1, "fail_reason": reason[:1000], "fail_kind": kind, "done_training": True})
                 return None
     return done
+
+
+def _prepared(spec: TrialSpec):
+    """The driver's prepared corpus if this machine has it whole, else None (run_trial prepares)."""
+    from smallinit.trainer.data import still_usable
+
+    if spec.prepared is None:
+        return None
+    why = still_usable(spec.prepared)
+    print(f"data: {spec.prepared.dir}, prepared by the driver" if why is None
+          else f"data: the driver's corpus cannot be used here ({why}): preparing it", flush=True)
+    return None if why else spec.prepared
 
 
 def _fit_workers(spec: TrialSpec, out: TrialDir) -> dict[str, Any]:
