@@ -431,3 +431,12 @@ def test_label_check_refuses_a_figure_without_units():
     assert check_labels(fig)[0]["xlabel"] == "gamma [unitless]"
     plt.close(fig)
 
+
+
+def test_the_short_report_command_is_the_report_command():
+    import subprocess
+    import sys
+
+    short = subprocess.run([sys.executable, "-m", "smallinit.experiments.report", "--help"], capture_output=True, text=True)
+    full = subprocess.run([sys.executable, "-m", "smallinit.experiments.report.report", "--help"], capture_output=True, text=True)
+    assert short.returncode == full.returncode == 0 and short.stdout == full.stdout and "--sweep" in short.stdout
