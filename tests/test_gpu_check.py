@@ -29,13 +29,16 @@ def test_gpu_check_needs_only_torch_and_writes_its_record(data_cache, tmp_path):
                            "--device", "cpu", "--tokens", "2048"], cwd=REPO, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     record = json.loads((tmp_path / "gpu_check.json").read_text())
-    runs = record["train"]
-    assert {(r["gamma"], r["lr"]) for r in runs} == {(0.5, 1e-3), (0.5, 3e-3), (1.0, 1e-3), (1.0, 3e-3)}
+    units = record["units"]
+    assert list(units) == ["mfu-nano-cpu-smoke", "train-g0.5-lr0.001", "train-g1-lr0.001", "train-g0.5-lr0.003",
+                           "train-g1-lr0.003", "fsdp"]
+    assert not [name for name, u in units.items() if "error" in u or "skipped" in u]
+    runs = [u for name, u in units.items() if name.startswith("train-")]
+    assert [(r["gamma"], r["lr"]) for r in runs] == [(0.5, 1e-3), (1.0, 1e-3), (0.5, 3e-3), (1.0, 3e-3)]
     for r in runs:
         assert r["tokens"] == 2048 and math.isfinite(r["final_val_loss"]) and len(r["val_curve"]) >= 2
-    assert record["mfu"]  # the smoke form measures shapes on the CPU
     # FSDP2 on one gloo rank, against the same steps unsharded: in fp32 the losses agree.
-    f = record["fsdp"]
+    f = units["fsdp"]
     assert (f["preset"], f["dtype"], f["backend"], f["world"]) == ("nano", "fp32", "gloo", 1)
     a, b = f["unsharded"], f["fsdp"]
     assert [s for s, _ in a["train_loss"]] == [s for s, _ in b["train_loss"]] == list(range(1, f["steps"] + 1))
@@ -45,6 +48,25 @@ def test_gpu_check_needs_only_torch_and_writes_its_record(data_cache, tmp_path):
     assert f["losses_agree"] is True and f["max_rel_loss_diff"] <= 1e-5
     assert a["tokens_per_s"] > 0 and b["tokens_per_s"] > 0 and a["peak_memory_gb"] is None
     assert not list(tmp_path.glob("fsdp-warmup*"))
+    # The record is stamped like every other; the commit comes from the flag where git is absent.
+    stamp = record["provenance"]
+    assert stamp["commit"] and stamp["machine"]["accelerator"]["device"] == "cpu"
+
+
+def test_a_failing_unit_is_recorded_and_the_rest_still_run(tmp_path):
+    """On a one-shot machine an error in one unit must not cost the others, and a unit the
+    deadline passed is recorded as skipped, not left out."""
+    from smallinit.bench.gpu_check import Record
+
+    rec = Record(tmp_path / "gpu_check.json", deadline_s=3600, head={"provenance": {}})
+    rec.run("broken", lambda: 1 / 0, log=lambda *_: None)
+    rec.run("fine", lambda: {"value": 1}, log=lambda *_: None)
+    rec.deadline_s = -1.0
+    rec.run("late", lambda: {"value": 2}, log=lambda *_: None)
+    units = json.loads((tmp_path / "gpu_check.json").read_text())["units"]
+    assert units["broken"]["error"] == "ZeroDivisionError: division by zero" and "1 / 0" in units["broken"]["traceback"]
+    assert units["fine"]["value"] == 1
+    assert "deadline" in units["late"]["skipped"] and "value" not in units["late"]
 
 
 def test_gpu_check_refuses_a_folder_without_tokens(tmp_path):

@@ -1,20 +1,28 @@
 """One prepared GPU check that needs only torch and numpy (no Ray, Hydra, Optuna, W&B,
 tokenizers or pandas): what a lent GPU machine can show in a few minutes.
 
-    python -m smallinit.bench.gpu_check --data .cache/gpu-data --out $OUT     # on the GPU machine, <= 8 min
+    SMALLINIT_COMMIT=<sha> python -m smallinit.bench.gpu_check --data .cache/gpu-data --out $OUT --deadline 420
     python -m smallinit.bench.gpu_check --data ~/.cache/smallinit/bilingual-* --tiny --device cpu   # a smoke run
 
-1. MFU of the 0.1B and 1.5B presets, bf16 autocast + torch.compile, sequence 2048, random
-   tokens (bench/gpu_bench.py's measurement).
+Units, in this order (a lent machine's time is short: the most telling first):
+1. MFU of the 0.1B preset, bf16 autocast + torch.compile, sequence 2048, random tokens
+   (bench/gpu_bench.py's measurement).
 2. The 0.1B preset trained by the project's own loop (trainer.loop.run_trial, bf16 and compile
-   on CUDA) at gamma = 0.5 and gamma = 1 (eps 1e-12, no gate, the same init seed and data
-   order), each at two learning rates, for one token budget: at most MAX_EPOCHS passes over the
-   prepared corpus (a folder with train.bin and val.bin of uint16 token ids, e.g. the project's
-   bilingual cache). The loss curves and final validation losses go to gpu_check.json.
+   on CUDA, train=gpu's batch 32 x 2048) at gamma = 0.5 and gamma = 1 (eps 1e-12, no gate, the
+   same init seed and data order), each at two learning rates (both gammas at the first lr
+   before the second), for one token budget: at most MAX_EPOCHS passes over the prepared corpus
+   (a folder with train.bin and val.bin of uint16 token ids, e.g. the project's bilingual
+   cache). One seed and a budget far below 20 tokens per parameter: a check that the recipe
+   trains on a GPU at this size, not a test of the paper's claim.
 3. FSDP on one device: the 0.1B preset trained a few steps by run_trial under a 1-rank process
    group (nccl on CUDA, gloo on the CPU) with trainer.distributed.Parallel("fsdp")'s sharding,
    against the same steps unsharded (same seed and data): tokens/s, peak memory and the losses.
    In fp32 (the CPU) they agree to 1e-5 relative; in bf16 (CUDA) the difference is reported.
+4. MFU of the 1.5B preset (its compile alone takes minutes).
+
+gpu_check.json is rewritten after each unit with the provenance stamp (core.provenance; the
+commit from --commit or $SMALLINIT_COMMIT where no .git travels), the GPU, and per unit its
+result, its error and traceback, or "skipped" when --deadline had passed before it began.
 
 Prepare the data folder on a machine with the project installed (`make sweep` prepares it):
     mkdir -p .cache/gpu-data && cp ~/.cache/smallinit/bilingual-*/{train,val}.bin .cache/gpu-data/
@@ -25,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -49,9 +56,12 @@ def trial_for(preset: str, gamma: float, lr: float, data: Path, vocab: int, budg
     from smallinit.trainer.data_config import TokensData
 
     model = ModelConfig.preset(preset, vocab_size=vocab, init=InitConfig(gamma=gamma, seed=0), norm=NormConfig(eps=1e-12))
-    batch, seq = (4, 64) if tiny else (32, 1024)
+    # train=gpu's batch and sequence (conf/train/gpu.yaml); evaluated 8 times over this short budget
+    # (train=gpu's every 500 steps is past its end), on the whole validation split.
+    batch, seq = (4, 64) if tiny else (32, 2048)
+    steps = max(budget, batch * seq) // (batch * seq)
     train = TrainConfig(seed=0, batch_size=batch, seq_len=seq, max_tokens=max(budget, batch * seq),
-                        eval_every=5 if tiny else 25, eval_tokens=batch * seq * (1 if tiny else 8),
+                        eval_every=5 if tiny else max(1, steps // 8), eval_tokens=batch * seq * (1 if tiny else 2),
                         per_token_eval_tokens=batch * seq, probe_every=0, ckpt_every=0, device=device,
                         dtype="auto", compile=device == "cuda")
     data_cfg = TokensData(paths=(str(data / "train.bin"), str(data / "val.bin")), dtype="uint16",
@@ -59,18 +69,21 @@ def trial_for(preset: str, gamma: float, lr: float, data: Path, vocab: int, budg
     return TrialConfig(model=model, optim=OptimConfig(lr=lr), train=train, data=data_cfg, preset=preset)
 
 
-def mfu_section(device: torch.device, tiny: bool, log) -> dict:
+def mfu_units(device: torch.device, tiny: bool, log) -> list[tuple[str, object]]:
+    """(name, thunk) per preset: bench/gpu_bench.py's MFU measurement."""
     from .gpu_bench import _measure, _try
 
-    if device.type != "cuda":
-        r = _try("nano", 2, device, 2, seq_len=64, compile=False)  # the smoke form: shapes only
-        return {"nano (cpu smoke)": r}
-    out = {}
-    for preset in PRESETS:
-        out[preset] = _measure(preset, device, 10)
-        r = out[preset]
-        log(f"mfu {preset}: " + (r["error"] if "error" in r else f"{r['tokens_per_s']:,.0f} tok/s, MFU {r['mfu']:.1%}"))
-    return out
+    if device.type != "cuda":  # the smoke form: shapes only
+        return [("mfu-nano-cpu-smoke", lambda: _try("nano", 2, device, 2, seq_len=64, compile=False))]
+
+    def one(preset: str):
+        def measure() -> dict:
+            r = _measure(preset, device, 10)
+            log(f"mfu {preset}: " + (r["error"] if "error" in r else f"{r['tokens_per_s']:,.0f} tok/s, MFU {r['mfu']:.1%}"))
+            return r
+        return measure
+
+    return [(f"mfu-{preset}", one(preset)) for preset in PRESETS]
 
 
 def corpus(data: Path) -> tuple[int, int]:
@@ -149,7 +162,9 @@ def fsdp_section(args, device: torch.device, log) -> dict:
     return out
 
 
-def train_section(args, device: torch.device, log) -> list[dict]:
+def train_units(args, device: torch.device, log) -> list[tuple[str, object]]:
+    """(name, thunk) per (gamma, lr): both gammas at the first lr before either at the second, so a
+    run cut short still compares the two."""
     from smallinit.trainer.loop import run_trial
 
     n_train, vocab = corpus(args.data)
@@ -157,24 +172,73 @@ def train_section(args, device: torch.device, log) -> list[dict]:
     preset = "nano" if args.tiny else "0.1b"
     log(f"train {preset}: {budget:,} tokens per run ({budget / n_train:.2f} passes over "
         f"{n_train:,} training tokens), vocab {vocab}")
-    runs = []
-    for gamma in GAMMAS:
-        for lr in LRS:
+
+    def one(gamma: float, lr: float):
+        def train() -> dict:
             trial = trial_for(preset, gamma, lr, args.data, vocab, budget, device.type, args.tiny)
             out = TrialDir(args.out / f"run-g{gamma:g}-lr{lr:g}")
             t0 = time.perf_counter()
             res = run_trial(trial, out.path, log=lambda *_: None)
             rows = [json.loads(x) for x in out.metrics.read_text().splitlines() if x.strip()]
-            curve = [[r["step"], r["val/loss"]] for r in rows if r.get("val/loss") is not None]
-            runs.append(dict(preset=preset, gamma=gamma, lr=lr, eps=1e-12, tokens=res.tokens, dtype=res.dtype,
-                             final_val_loss=res.final_val_loss, unigram_entropy=res.unigram_entropy,
-                             tokens_per_s=res.tokens_per_s, mfu=res.mfu, wall_s=time.perf_counter() - t0,
-                             val_curve=curve))
             for f in (out.model_weights, out.per_token_losses):
                 f.unlink(missing_ok=True)  # the JSON is the record; weights would not come back anyway
             log(f"train γ={gamma:g} lr={lr:g}: val loss {res.final_val_loss:.4f} ({res.tokens_per_s:,.0f} tok/s, "
                 f"{time.perf_counter() - t0:.0f} s)")
-    return runs
+            return dict(preset=preset, gamma=gamma, lr=lr, eps=1e-12, tokens=res.tokens, dtype=res.dtype,
+                        batch_size=trial.train.batch_size, seq_len=trial.train.seq_len, passes=budget / n_train,
+                        final_val_loss=res.final_val_loss, unigram_entropy=res.unigram_entropy,
+                        tokens_per_s=res.tokens_per_s, mfu=res.mfu, wall_s=time.perf_counter() - t0,
+                        val_curve=[[r["step"], r["val/loss"]] for r in rows if r.get("val/loss") is not None],
+                        train_curve=[[r["step"], r["train/loss"]] for r in rows if r.get("train/loss") is not None])
+        return train
+
+    return [(f"train-g{gamma:g}-lr{lr:g}", one(gamma, lr)) for lr in LRS for gamma in GAMMAS]
+
+
+class Record:
+    """gpu_check.json, rewritten after every unit of work, so a run cut short by the machine's
+    time limit still brings back what it finished. A unit that raises is recorded with its error
+    and the next one runs; a unit not started before the deadline is recorded as skipped."""
+
+    def __init__(self, path: Path, deadline_s: float | None, head: dict):
+        self.path, self.deadline_s, self.t0 = path, deadline_s, time.perf_counter()
+        self.data = {**head, "units": {}}
+        self.write()
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def write(self) -> None:
+        self.data["elapsed_s"] = self.elapsed()
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.data, indent=1) + "\n")
+        tmp.replace(self.path)
+
+    def run(self, name: str, fn, log) -> None:
+        if self.deadline_s is not None and self.elapsed() > self.deadline_s:
+            self.data["units"][name] = {"skipped": f"deadline: {self.elapsed():.0f} s past, --deadline {self.deadline_s:g}"}
+            log(f"{name}: skipped (deadline)")
+        else:
+            t0 = time.perf_counter()
+            try:
+                out = fn()
+            except Exception as e:  # one broken unit must not cost the others on a one-shot machine
+                import traceback
+
+                out = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-4000:]}
+                log(f"{name}: FAILED {out['error']}")
+            self.data["units"][name] = {**out, "unit_wall_s": time.perf_counter() - t0}
+        self.write()
+
+
+def machine(device: torch.device) -> dict:
+    out = {"device": device.type}
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        out.update(gpu=props.name, capability=f"{props.major}.{props.minor}", multiprocessors=props.multi_processor_count,
+                   memory_gib=props.total_memory / 2**30, cuda=torch.version.cuda,
+                   bf16_supported=torch.cuda.is_bf16_supported())
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -184,6 +248,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokens", type=int, default=20_000_000, help=f"token budget per run (capped at {MAX_EPOCHS} passes)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--tiny", action="store_true", help="nano model, a few steps: a smoke run anywhere")
+    p.add_argument("--deadline", type=float, default=None,
+                   help="seconds after which no new unit starts (each is recorded as skipped); the machine's time limit")
+    p.add_argument("--commit", default=os.environ.get("SMALLINIT_COMMIT"),
+                   help="the commit the tree was copied from, where no .git travels with it (default $SMALLINIT_COMMIT)")
     p.add_argument("--skip-mfu", action="store_true")
     p.add_argument("--skip-fsdp", action="store_true")
     a = p.parse_args(argv)
@@ -197,17 +265,26 @@ def main(argv: list[str] | None = None) -> int:
     def log(msg: str) -> None:
         print(f"[gpu_check] {msg}", flush=True)
 
-    t0 = time.perf_counter()
-    result = {"machine": {"platform": platform.platform(), "python": platform.python_version(), "torch": torch.__version__,
-                          "device": torch.cuda.get_device_name(0) if device.type == "cuda" else platform.processor()},
-              "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-    result["mfu"] = {} if a.skip_mfu else mfu_section(device, a.tiny, log)
-    result["fsdp"] = {} if a.skip_fsdp else fsdp_section(a, device, log)
-    result["train"] = train_section(a, device, log)
-    result["elapsed_s"] = time.perf_counter() - t0
-    path = a.out / "gpu_check.json"
-    path.write_text(json.dumps(result, indent=1) + "\n")
-    log(f"wrote {path} in {result['elapsed_s']:.0f} s")
+    from smallinit.core import provenance
+
+    stamp = provenance.record()
+    if stamp["commit"] is None and a.commit:  # the copy on a lent machine has no .git: its commit comes along
+        stamp.update(commit=a.commit, dirty=False, uncommitted=None, commit_from="--commit")
+    stamp["machine"]["accelerator"] = machine(device)
+    rec = Record(a.out / "gpu_check.json", a.deadline, {"provenance": stamp, "argv": sys.argv[1:] if argv is None else argv})
+    log(f"{stamp['machine']['accelerator']}, torch {torch.__version__}, commit {stamp['commit']}")
+    # In the order of what only a GPU can show: the small preset's MFU, then both gammas trained,
+    # then FSDP's cost, then the large preset's MFU (its compile alone takes minutes).
+    mfu = [] if a.skip_mfu else mfu_units(device, a.tiny, log)
+    if mfu:
+        rec.run(*mfu[0], log)
+    for name, fn in train_units(a, device, log):
+        rec.run(name, fn, log)
+    if not a.skip_fsdp:
+        rec.run("fsdp", lambda: fsdp_section(a, device, log), log)
+    for unit in mfu[1:]:
+        rec.run(*unit, log)
+    log(f"wrote {rec.path} in {rec.elapsed():.0f} s")
     return 0
 
 
