@@ -48,19 +48,26 @@ GAMMAS = (0.5, 1.0)
 LRS = (1e-3, 3e-3)
 FSDP_STEPS, FSDP_STEPS_TINY = 20, 4
 FSDP_RTOL = 1e-5  # sharded against unsharded losses, in fp32
+# --units arms: the project's two arms (conf/arm/) at the 0.1B preset, each arm's lr chosen on a
+# tune seed from a x2 grid, then compared on confirm seeds at that lr (the sweeps' protocol).
+ARMS = {"baseline": dict(gamma=0.5, eps=1e-5, gate="none"), "small": dict(gamma=1.0, eps=1e-12, gate="elementwise")}
+ARM_LRS = (5e-4, 1e-3, 2e-3, 4e-3, 8e-3)
+TUNE_SEED, CONFIRM_SEEDS = 100, (1, 2, 3)
 
 
-def trial_for(preset: str, gamma: float, lr: float, data: Path, vocab: int, budget: int, device: str, tiny: bool):
-    from smallinit.model.config import InitConfig, ModelConfig, NormConfig
+def trial_for(preset: str, gamma: float, lr: float, data: Path, vocab: int, budget: int, device: str, tiny: bool,
+              eps: float = 1e-12, gate: str = "none", seed: int = 0):
+    from smallinit.model.config import AttnConfig, InitConfig, ModelConfig, NormConfig
     from smallinit.trainer.config import OptimConfig, TrainConfig, TrialConfig
     from smallinit.trainer.data_config import TokensData
 
-    model = ModelConfig.preset(preset, vocab_size=vocab, init=InitConfig(gamma=gamma, seed=0), norm=NormConfig(eps=1e-12))
+    model = ModelConfig.preset(preset, vocab_size=vocab, init=InitConfig(gamma=gamma, seed=seed), norm=NormConfig(eps=eps),
+                               attn=AttnConfig(gate=gate))
     # train=gpu's batch and sequence (conf/train/gpu.yaml); evaluated 8 times over this short budget
     # (train=gpu's every 500 steps is past its end), on the whole validation split.
     batch, seq = (4, 64) if tiny else (32, 2048)
     steps = max(budget, batch * seq) // (batch * seq)
-    train = TrainConfig(seed=0, batch_size=batch, seq_len=seq, max_tokens=max(budget, batch * seq),
+    train = TrainConfig(seed=seed, batch_size=batch, seq_len=seq, max_tokens=max(budget, batch * seq),
                         eval_every=5 if tiny else max(1, steps // 8), eval_tokens=batch * seq * (1 if tiny else 2),
                         per_token_eval_tokens=batch * seq, probe_every=0, ckpt_every=0, device=device,
                         dtype="auto", compile=device == "cuda")
@@ -195,6 +202,44 @@ def train_units(args, device: torch.device, log) -> list[tuple[str, object]]:
     return [(f"train-g{gamma:g}-lr{lr:g}", one(gamma, lr)) for lr in LRS for gamma in GAMMAS]
 
 
+def arms_units(args, device: torch.device, rec: Record, log) -> list[tuple[str, object]]:
+    """Tune units (every arm x lr on TUNE_SEED), then confirm units (every arm x confirm seed at
+    the lr its tune units chose; the lowest final validation loss among those that finished)."""
+    from smallinit.trainer.loop import run_trial
+
+    n_train, vocab = corpus(args.data)
+    budget = min(args.tokens, MAX_EPOCHS * n_train)
+    preset = "nano" if args.tiny else "0.1b"
+    log(f"arms {preset}: {budget:,} tokens per run ({budget / n_train:.2f} passes), lr grid {ARM_LRS}")
+
+    def run(arm: str, lr: float, seed: int, role: str) -> dict:
+        trial = trial_for(preset, ARMS[arm]["gamma"], lr, args.data, vocab, budget, device.type, args.tiny,
+                          eps=ARMS[arm]["eps"], gate=ARMS[arm]["gate"], seed=seed)
+        out = TrialDir(args.out / f"arms-{arm}-lr{lr:g}-s{seed}")
+        res = run_trial(trial, out.path, log=lambda *_: None)
+        rows = [json.loads(x) for x in out.metrics.read_text().splitlines() if x.strip()]
+        for f in (out.model_weights, out.per_token_losses):
+            f.unlink(missing_ok=True)
+        log(f"arms {role} {arm} lr={lr:g} seed={seed}: val loss {res.final_val_loss:.4f} ({res.tokens_per_s:,.0f} tok/s)")
+        return dict(role=role, arm=arm, **ARMS[arm], lr=lr, seed=seed, preset=preset, tokens=res.tokens, dtype=res.dtype,
+                    final_val_loss=res.final_val_loss, tokens_per_s=res.tokens_per_s, mfu=res.mfu,
+                    val_curve=[[r["step"], r["val/loss"]] for r in rows if r.get("val/loss") is not None])
+
+    def chosen(arm: str) -> float:
+        tuned = [u for u in rec.data["units"].values() if u.get("role") == "tune" and u.get("arm") == arm
+                 and u.get("final_val_loss") is not None]
+        if not tuned:
+            raise RuntimeError(f"no tune run of arm {arm} finished: nothing to choose its lr from")
+        return min(tuned, key=lambda u: u["final_val_loss"])["lr"]
+
+    units = [(f"arms-tune-{arm}-lr{lr:g}", lambda arm=arm, lr=lr: run(arm, lr, TUNE_SEED, "tune"))
+             for arm in ARMS for lr in ARM_LRS]
+    # Seed by seed, both arms: a run cut short still holds whole pairs.
+    units += [(f"arms-confirm-{arm}-s{seed}", lambda arm=arm, seed=seed: run(arm, chosen(arm), seed, "confirm"))
+              for seed in CONFIRM_SEEDS for arm in ARMS]
+    return units
+
+
 class Record:
     """gpu_check.json, rewritten after every unit of work, so a run cut short by the machine's
     time limit still brings back what it finished. A unit that raises is recorded with its error
@@ -252,6 +297,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="seconds after which no new unit starts (each is recorded as skipped); the machine's time limit")
     p.add_argument("--commit", default=os.environ.get("SMALLINIT_COMMIT"),
                    help="the commit the tree was copied from, where no .git travels with it (default $SMALLINIT_COMMIT)")
+    p.add_argument("--units", choices=("check", "arms"), default="check",
+                   help="check: MFU, both gammas, FSDP (the default); arms: the two arms under the tune/confirm protocol")
     p.add_argument("--skip-mfu", action="store_true")
     p.add_argument("--skip-fsdp", action="store_true")
     a = p.parse_args(argv)
@@ -275,6 +322,11 @@ def main(argv: list[str] | None = None) -> int:
     log(f"{stamp['machine']['accelerator']}, torch {torch.__version__}, commit {stamp['commit']}")
     # In the order of what only a GPU can show: the small preset's MFU, then both gammas trained,
     # then FSDP's cost, then the large preset's MFU (its compile alone takes minutes).
+    if a.units == "arms":
+        for name, fn in arms_units(a, device, rec, log):
+            rec.run(name, fn, log)
+        log(f"wrote {rec.path} in {rec.elapsed():.0f} s")
+        return 0
     mfu = [] if a.skip_mfu else mfu_units(device, a.tiny, log)
     if mfu:
         rec.run(*mfu[0], log)
