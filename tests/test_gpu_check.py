@@ -26,7 +26,7 @@ sys.exit(main(sys.argv[1:]))
 def test_gpu_check_needs_only_torch_and_writes_its_record(data_cache, tmp_path):
     data = next(data_cache.glob("bilingual-*"))
     proc = subprocess.run([sys.executable, "-c", RUNNER, "--data", str(data), "--out", str(tmp_path), "--tiny",
-                           "--device", "cpu", "--tokens", "2048"], cwd=REPO, capture_output=True, text=True, timeout=600)
+                           "--device", "cpu", "--tokens", "2048", "--commit", "c0ffee"], cwd=REPO, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     record = json.loads((tmp_path / "gpu_check.json").read_text())
     units = record["units"]
@@ -48,9 +48,29 @@ def test_gpu_check_needs_only_torch_and_writes_its_record(data_cache, tmp_path):
     assert f["losses_agree"] is True and f["max_rel_loss_diff"] <= 1e-5
     assert a["tokens_per_s"] > 0 and b["tokens_per_s"] > 0 and a["peak_memory_gb"] is None
     assert not list(tmp_path.glob("fsdp-warmup*"))
-    # The record is stamped like every other; the commit comes from the flag where git is absent.
+    # The record is stamped like every other; a named commit wins over the .git beside the files
+    # (on a lent machine it may be older than them), which is kept beside it.
     stamp = record["provenance"]
-    assert stamp["commit"] and stamp["machine"]["accelerator"]["device"] == "cpu"
+    assert stamp["commit"] == "c0ffee" and stamp["commit_from"] == "--commit"
+    assert stamp["git_on_this_machine"]["commit"] and stamp["machine"]["accelerator"]["device"] == "cpu"
+
+
+def test_gpu_check_arms_confirms_each_arm_at_the_lr_its_tune_seed_chose(data_cache, tmp_path):
+    data = next(data_cache.glob("bilingual-*"))
+    proc = subprocess.run([sys.executable, "-c", RUNNER, "--data", str(data), "--out", str(tmp_path), "--tiny",
+                           "--device", "cpu", "--tokens", "2048", "--units", "arms"],
+                          cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    units = json.loads((tmp_path / "gpu_check.json").read_text())["units"]
+    from smallinit.bench.gpu_check import ARM_LRS, ARMS, CONFIRM_SEEDS, TUNE_SEED
+
+    for arm in ARMS:
+        tune = [u for u in units.values() if u["role"] == "tune" and u["arm"] == arm]
+        assert sorted(u["lr"] for u in tune) == sorted(ARM_LRS) and {u["seed"] for u in tune} == {TUNE_SEED}
+        best = min(tune, key=lambda u: u["final_val_loss"])["lr"]
+        confirm = [u for u in units.values() if u["role"] == "confirm" and u["arm"] == arm]
+        assert [u["seed"] for u in confirm] == list(CONFIRM_SEEDS) and {u["lr"] for u in confirm} == {best}
+        assert {(u["gamma"], u["eps"], u["gate"]) for u in tune + confirm} == {tuple(ARMS[arm].values())}
 
 
 def test_a_failing_unit_is_recorded_and_the_rest_still_run(tmp_path):

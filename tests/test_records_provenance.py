@@ -18,10 +18,13 @@ UNSTAMPED = REPO / "docs" / "records_without_provenance.json"
 
 
 def committed_records() -> dict[str, dict | None]:
-    """Record name -> its provenance block (None where it has none). A report's summary and a
-    precision check are one record each; bench/results.json is one record per benchmark entry."""
+    """Record name -> its provenance block (None where it has none). A report's summary, a
+    precision check and a lent GPU's check are one record each; bench/results.json is one record
+    per benchmark entry."""
     out: dict[str, dict | None] = {}
-    for path in sorted([*REPO.glob("docs/results/*/summary.json"), *REPO.glob("docs/precision/*.json")]):
+    found = [*REPO.glob("docs/results/*/summary.json"), *REPO.glob("docs/precision/*.json"),
+             *REPO.glob("docs/results/gpu/*.json")]
+    for path in sorted(found):
         out[str(path.relative_to(REPO))] = json.loads(path.read_text()).get("provenance")
     bench = json.loads((REPO / "bench" / "results.json").read_text())
     for name, entry in bench["benchmarks"].items():
@@ -36,6 +39,7 @@ def unstamped() -> dict[str, dict]:
 def test_the_walker_finds_the_committed_records():
     found = committed_records()
     assert any(k.startswith("docs/results/") for k in found) and any(k.startswith("bench/") for k in found)
+    assert "docs/results/gpu/gpu_check.json" in found
 
 
 @pytest.mark.parametrize("name", sorted(committed_records()))

@@ -21,7 +21,8 @@ Units, in this order (a lent machine's time is short: the most telling first):
 4. MFU of the 1.5B preset (its compile alone takes minutes).
 
 gpu_check.json is rewritten after each unit with the provenance stamp (core.provenance; the
-commit from --commit or $SMALLINIT_COMMIT where no .git travels), the GPU, and per unit its
+commit from --commit or $SMALLINIT_COMMIT when given, since the .git that travels to a lent
+machine may be absent or older than the files), the GPU, and per unit its
 result, its error and traceback, or "skipped" when --deadline had passed before it began.
 
 Prepare the data folder on a machine with the project installed (`make sweep` prepares it):
@@ -296,7 +297,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--deadline", type=float, default=None,
                    help="seconds after which no new unit starts (each is recorded as skipped); the machine's time limit")
     p.add_argument("--commit", default=os.environ.get("SMALLINIT_COMMIT"),
-                   help="the commit the tree was copied from, where no .git travels with it (default $SMALLINIT_COMMIT)")
+                   help="the commit the copied files are, where the .git beside them is absent or stale; "
+                        "it wins over git's view, which is kept beside it (default $SMALLINIT_COMMIT)")
     p.add_argument("--units", choices=("check", "arms"), default="check",
                    help="check: MFU, both gammas, FSDP (the default); arms: the two arms under the tune/confirm protocol")
     p.add_argument("--skip-mfu", action="store_true")
@@ -315,8 +317,11 @@ def main(argv: list[str] | None = None) -> int:
     from smallinit.core import provenance
 
     stamp = provenance.record()
-    if stamp["commit"] is None and a.commit:  # the copy on a lent machine has no .git: its commit comes along
-        stamp.update(commit=a.commit, dirty=False, uncommitted=None, commit_from="--commit")
+    if a.commit:
+        # The copy on a lent machine may carry no .git, or one older than its files (the device
+        # tool copied the .git of the session's start); the caller names the commit the files are.
+        stamp.update(commit=a.commit, dirty=False, uncommitted=None, commit_from="--commit",
+                     git_on_this_machine={"commit": stamp["commit"], "uncommitted": stamp["uncommitted"]})
     stamp["machine"]["accelerator"] = machine(device)
     rec = Record(a.out / "gpu_check.json", a.deadline, {"provenance": stamp, "argv": sys.argv[1:] if argv is None else argv})
     log(f"{stamp['machine']['accelerator']}, torch {torch.__version__}, commit {stamp['commit']}")
