@@ -47,6 +47,36 @@ def test_the_eta_follows_the_measured_trial_times_and_how_many_run_at_once():
     assert tally.line().startswith("progress: 2/8 done, 1 running, 1 failed; ETA 5 min (mean trial 2.0 min, 2 at a time)")
 
 
+def test_a_trial_resumed_from_a_checkpoint_counts_as_a_whole_trial_at_its_step_rate():
+    """A sweep restarted with a trial half trained: that trial's end comes after half a trial's
+    time, which is not a trial's time (the crossover's restart said 'mean trial 3.8 min' for
+    trials of 30). Its steps before this run are added back at the rate it reported."""
+    clock = Clock()
+    tally = Tally(total=3, clock=clock)
+    tally.start("resumed")
+    clock.now += 10  # loading its checkpoint
+    tally.report("resumed", 600, total_steps=1000)  # it had ~500 steps: 100 more in the next 10 s
+    clock.now += 40
+    tally.report("resumed", 1000, total_steps=1000)  # 400 steps in 40 s: 10 steps/s
+    # Running: its time left is its steps left at its rate, not the mean less its age.
+    assert tally._time_left("resumed", tally.running["resumed"], mean=0.0, now=clock.now) == pytest.approx(0)
+    tally.end("resumed", failed=False)
+    # 50 s in this run, and s1 - rate * (t1 - start) = 600 - 10 * 10 = 500 steps before it: +50 s.
+    assert tally.durations == [pytest.approx(100)]
+    tally.start("fresh")
+    clock.now += 15  # 5 s of set-up, then 100 steps
+    tally.report("fresh", 100, total_steps=1000)
+    clock.now += 10
+    tally.report("fresh", 200, total_steps=1000)
+    # 800 steps left at 10 steps/s; the one waiting follows at the mean (100 s).
+    assert tally.eta_s() == pytest.approx(80 + 100)
+    clock.now += 80
+    tally.report("fresh", 150, total_steps=1000)  # a budget branch's row, behind the main run: not progress
+    tally.report("fresh", 1000, total_steps=1000)
+    tally.end("fresh", failed=False)
+    assert tally.durations[1] == pytest.approx(105)  # a fresh start: its own start-to-end time
+
+
 def test_the_last_line_has_no_eta_and_times_read_in_seconds_minutes_or_hours():
     clock = Clock()
     tally = Tally(total=1, clock=clock)

@@ -25,11 +25,17 @@ HEARTBEAT_S = 60.0  # a progress line at least this often while trials run and n
 class Tally:
     """The sweep's trials counted as they start and end, and an ETA from how long this run's
     ended trials took (each from its start to its end, on the driver's clock). `skipped` ended
-    before this run (the plan's `already done`); `total` is the sweep's, skipped included."""
+    before this run (the plan's `already done`); `total` is the sweep's, skipped included.
+
+    A trial resumed from a checkpoint trains only its last steps in this run: its start-to-end
+    time is not a trial's time. Where a trial reported its step twice or more (report), its step
+    rate says how many steps it had before this run began, and those are added back at that
+    rate; a running trial's time left is its steps left at its rate."""
 
     def __init__(self, total: int, skipped: int = 0, clock: Callable[[], float] = time.monotonic):
         self.total, self.skipped, self.clock = total, skipped, clock
         self.running: dict[str, float] = {}  # trial -> when it started
+        self.reports: dict[str, dict] = {}  # trial -> its first and last (time, step) and total steps
         self.durations: list[float] = []  # of the trials of this run that completed or were pruned
         self.done = self.failed = self.at_once = 0
         self.t0 = self.last_line = clock()
@@ -38,6 +44,28 @@ class Tally:
         if key not in self.running:  # a retried trial keeps its first start
             self.running[key] = self.clock()
             self.at_once = max(self.at_once, len(self.running))
+
+    def report(self, key: str, step: int, total_steps: int) -> None:
+        """A trial's result row at `step` of `total_steps` (Tune's on_trial_result)."""
+        r = self.reports.setdefault(key, {"first": (self.clock(), step), "total": total_steps})
+        if step > r.get("last", r["first"])[1]:  # budget branches' rows may step back: progress is the furthest
+            r["last"] = (self.clock(), step)
+
+    def _rate(self, key: str) -> float | None:
+        r = self.reports.get(key, {})
+        if "last" not in r:
+            return None
+        (t1, s1), (t2, s2) = r["first"], r["last"]
+        return (s2 - s1) / (t2 - t1) if t2 > t1 else None
+
+    def _trial_time(self, key: str, started: float, now: float) -> float:
+        """This run's time for the trial, plus the steps it had before this run at its rate."""
+        rate = self._rate(key)
+        if rate is None:
+            return now - started
+        t1, s1 = self.reports[key]["first"]
+        before = max(0.0, s1 - rate * (t1 - started))  # 0 for a fresh start (set-up makes it negative)
+        return now - started + before / rate
 
     def end(self, key: str, failed: bool) -> bool:
         """Count a trial's end; False if it was not running (an end already counted)."""
@@ -48,16 +76,25 @@ class Tally:
             self.failed += 1
         else:
             self.done += 1
-            self.durations.append(self.clock() - started)
+            self.durations.append(self._trial_time(key, started, self.clock()))
+        self.reports.pop(key, None)
         return True
 
+    def _time_left(self, key: str, started: float, mean: float, now: float) -> float:
+        rate = self._rate(key)
+        if rate is None:
+            return max(0.0, mean - (now - started))
+        t2, s2 = self.reports[key]["last"]
+        return max(0.0, (self.reports[key]["total"] - s2) / rate - (now - t2))
+
     def eta_s(self) -> float | None:
-        """Seconds until the last trial ends: the running ones finish at the mean trial time
-        (at least now) and the ones not started yet follow, as many at a time as ran at once."""
+        """Seconds until the last trial ends: the running ones finish at their step rate (the mean
+        trial time before they report twice) and the ones not started yet follow, as many at a
+        time as ran at once."""
         if not self.durations:
             return None
         mean, now = sum(self.durations) / len(self.durations), self.clock()
-        slots = [max(0.0, mean - (now - t0)) for t0 in self.running.values()]
+        slots = [self._time_left(k, t0, mean, now) for k, t0 in self.running.items()]
         slots += [0.0] * max(0, max(1, self.at_once) - len(slots))
         heapq.heapify(slots)
         for _ in range(self.waiting):
@@ -155,6 +192,8 @@ class ProgressTable(tune.Callback):
         self._update(trial, "RUNNING")
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
+        if isinstance(result.get("step"), int | float):
+            self.tally.report(trial.trial_id, int(result["step"]), self._row(trial)["total"])
         self._update(trial, None, result)
 
     def on_trial_complete(self, iteration, trials, trial, **info):
