@@ -14,6 +14,7 @@ import pandas as pd
 from smallinit.core import results_schema as schema
 from smallinit.core.errors import ConfigError, first_line
 from smallinit.core.trial_dir import TrialDir
+from smallinit.sweeper.config.schema import WandbConf
 
 _ORDER = (schema.COMPLETE, schema.PRUNED, schema.FAIL, schema.INTERRUPTED)
 
@@ -126,7 +127,7 @@ def wandb_line(wandb_cfg: dict[str, Any], sweep_dir: Path, group: str) -> str:
     trials = sweep_dir / "trials" / "<identity>"
     if mode == "disabled":
         return f"W&B: disabled ({why}); each trial's metrics are in {trials / 'metrics.jsonl'}"
-    project = "/".join(str(p) for p in (wandb_cfg.get("entity"), wandb_cfg.get("project", "smallinit")) if p)
+    project = "/".join(str(p) for p in (wandb_cfg.get("entity"), wandb_cfg.get("project", WandbConf.project)) if p)
     then = ", to upload with `wandb sync` (the command is printed at the end)" if mode == "offline" else ""
     return f"W&B: {mode} ({why}), project {project}, group {group}, run files in {trials / 'wandb'}{then}"
 

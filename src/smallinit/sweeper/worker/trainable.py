@@ -125,7 +125,7 @@ class WandbReporter:
 
         settings = spec.wandb
         self.run = wandb.init(
-            project=settings.get("project", "smallinit"),
+            project=settings["project"],  # composed under the root schema: WandbConf holds the default
             entity=settings.get("entity"),
             group=spec.sweep_name,
             name=spec.label(),
