@@ -6,8 +6,6 @@ them whole from `one_comparison`."""
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 from scipy import stats
 
@@ -17,12 +15,16 @@ SIGNFLIP_DRAWS = 200_000
 
 
 def t_interval(d: np.ndarray) -> tuple[float, float, float]:
+    """(mean, low, high): the 95% t-interval of the mean (scipy's ttest_1samp); nan bounds with
+    one pair, a zero-width interval where every difference is the same."""
     d = np.asarray(d, dtype=float)
     m = float(d.mean())
     if len(d) < 2:
         return m, float("nan"), float("nan")
-    half = stats.t.ppf(0.975, len(d) - 1) * d.std(ddof=1) / math.sqrt(len(d))
-    return m, m - half, m + half
+    if float(d.std(ddof=1)) == 0:
+        return m, m, m
+    ci = stats.ttest_1samp(d, 0.0).confidence_interval(0.95)
+    return m, float(ci.low), float(ci.high)
 
 
 def t_pvalues(d) -> tuple[float, float]:
@@ -32,39 +34,31 @@ def t_pvalues(d) -> tuple[float, float]:
     if len(d) < 2:
         return float("nan"), float("nan")
     m, sd = float(d.mean()), float(d.std(ddof=1))
-    if sd == 0:
+    if sd == 0:  # scipy's t is then inf or nan: the sign of the mean decides
         return (0.0, 1.0) if m < 0 else (1.0, 0.0) if m > 0 else (1.0, 1.0)
-    t = m / (sd / math.sqrt(len(d)))
-    return float(stats.t.cdf(t, len(d) - 1)), float(stats.t.sf(t, len(d) - 1))
+    return (float(stats.ttest_1samp(d, 0.0, alternative="less").pvalue),
+            float(stats.ttest_1samp(d, 0.0, alternative="greater").pvalue))
 
 
 def signflip_p(d, alternative: str = "two-sided") -> float:
     """Exact permutation p of the paired differences' mean over all 2^n sign flips (under the
-    null each difference is as likely to have either sign). `alternative`: "two-sided", "less"
-    (mean < 0) or "greater". Ties with the observed mean count as at least as extreme. Above
+    null each difference is as likely to have either sign): scipy's permutation_test with
+    permutation_type="samples" on the one sample. `alternative`: "two-sided", "less" (mean < 0)
+    or "greater". Ties with the observed mean count as at least as extreme. Above
     SIGNFLIP_EXACT_MAX pairs the flips are sampled (seeded): (1 + hits) / (1 + draws)."""
     if alternative not in ("two-sided", "less", "greater"):
         raise ValueError(f"alternative={alternative!r} is invalid: must be two-sided, less or greater")
     d = np.asarray(d, dtype=float)
-    n = len(d)
-    if n == 0:
+    if len(d) == 0:
         return float("nan")
-    if n <= SIGNFLIP_EXACT_MAX:
-        bits = (np.arange(2**n)[:, None] >> np.arange(n)) & 1  # (2^n, n): every sign pattern once
-        signs = 1 - 2 * bits
-    else:
-        signs = np.random.default_rng(0).choice([-1, 1], size=(SIGNFLIP_DRAWS, n))
-    sums, obs = signs @ d, float(d.sum())
-    tol = 1e-9 * max(1.0, float(np.abs(d).sum()))  # float sums of the same terms in another order
-    if alternative == "two-sided":
-        hits = np.abs(sums) >= abs(obs) - tol
-    elif alternative == "less":
-        hits = sums <= obs + tol
-    else:
-        hits = sums >= obs - tol
-    if n <= SIGNFLIP_EXACT_MAX:
-        return float(hits.mean())
-    return float((1 + hits.sum()) / (1 + len(sums)))
+    if len(d) == 1:  # scipy wants two observations; the two flips of one are written out
+        x = float(d[0])
+        return 1.0 if alternative == "two-sided" or x == 0 else 0.5 if (x < 0) == (alternative == "less") else 1.0
+    exact = len(d) <= SIGNFLIP_EXACT_MAX
+    result = stats.permutation_test((d,), lambda x, axis: np.mean(x, axis=axis), vectorized=True,
+                                    permutation_type="samples", alternative=alternative,
+                                    n_resamples=np.inf if exact else SIGNFLIP_DRAWS, rng=0)
+    return float(result.pvalue)
 
 
 def holm(pvalues) -> list[float]:
