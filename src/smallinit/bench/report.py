@@ -17,6 +17,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from smallinit.core.markdown import table as md_table
+
 from . import BENCHMARKS
 
 
@@ -180,8 +182,7 @@ def provenance_rows(benchmarks: dict[str, dict]) -> list[list[str]]:
 
 
 def table(header: list[str], body: list[list[str]]) -> list[str]:
-    return (["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-            + ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in body])
+    return md_table(header, body).splitlines()
 
 
 def markdown(results: dict[str, Any]) -> str:

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from smallinit.core.markdown import table
+
 VERDICT_CLASS = {"supported": "ok", "contradicted": "bad", "inconclusive": "na", "not run": "na"}
 
 
@@ -21,11 +23,7 @@ class Block:
 
 
 def _md_table(df: pd.DataFrame) -> str:
-    cells = df.astype(str).map(lambda s: s.replace("|", "\\|").replace("\n", " "))
-    head = "| " + " | ".join(map(str, df.columns)) + " |"
-    sep = "|" + "|".join("---" for _ in df.columns) + "|"
-    rows = ["| " + " | ".join(r) + " |" for r in cells.itertuples(index=False)]
-    return "\n".join([head, sep, *rows])
+    return table(list(df.columns), df.astype(str).values.tolist())
 
 
 def to_markdown(blocks: list[Block]) -> str:

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from smallinit.core.markdown import table as md_table
 from smallinit.experiments.stats.paired import t_interval
 
 # What makes a branch and a cosine run the same trial but for the schedule and its lr.
@@ -62,18 +63,18 @@ def pair(wsd: pd.DataFrame, cosine: pd.DataFrame) -> pd.DataFrame:
 
 
 def table(pairs: pd.DataFrame) -> str:
-    lines = ["| budget [tokens] | seeds | lr WSD | lr cosine | WSD branch | cosine run | WSD − cosine | 95% interval |",
-             "|---|---|---|---|---|---|---|---|"]
+    header = ["budget [tokens]", "seeds", "lr WSD", "lr cosine", "WSD branch", "cosine run", "WSD − cosine", "95% interval"]
+    rows = []
     arms = pairs[["gamma", "eps", "gate"]].astype(str).agg(" ".join, axis=1)
     several = arms.nunique() > 1
     for (budget, arm), g in pairs.assign(_arm=arms).groupby(["budget", "_arm"]):
         mean, lo, hi = t_interval(g["diff"].to_numpy())
         lrs = [", ".join(f"{v:g}" for v in sorted(g[f"lr_{side}"].unique())) for side in ("wsd", "cosine")]
         label = f"{budget:,}" + (f" (γ, eps, gate = {arm})" if several else "")
-        lines.append(f"| {label} | {', '.join(str(int(s)) for s in g['train_seed'])} | {lrs[0]} | {lrs[1]} | "
-                     f"{g[f'{LOSS}_wsd'].mean():.4f} | {g[f'{LOSS}_cosine'].mean():.4f} | {mean:+.4f} | "
-                     f"[{lo:+.4f}, {hi:+.4f}] |")
-    return "\n".join(lines)
+        rows.append([label, ", ".join(str(int(s)) for s in g["train_seed"]), lrs[0], lrs[1],
+                     f"{g[f'{LOSS}_wsd'].mean():.4f}", f"{g[f'{LOSS}_cosine'].mean():.4f}", f"{mean:+.4f}",
+                     f"[{lo:+.4f}, {hi:+.4f}]"])
+    return md_table(header, rows)
 
 
 def main(argv: list[str] | None = None) -> int:
