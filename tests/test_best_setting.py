@@ -14,8 +14,22 @@ def _table(rows):
 
 def test_the_best_setting_is_the_lowest_seed_mean_not_the_luckiest_trial():
     df = _table([(0.5, 0, 1024, 6.40), (0.5, 1, 1024, 6.70), (1.0, 0, 1024, 6.50), (1.0, 1, 1024, 6.52)])
-    assert best_setting_line(df) == ("best setting: init.gamma=1, val loss 6.5100 (mean of 2 seeds; "
-                                      "the report gives its interval and the verdict)")
+    assert best_setting_line(df) == (
+        "best setting: init.gamma=1, val loss 6.5100 (mean of 2 seeds), ahead of init.gamma=0.5 by 0.0400 nats "
+        "(95% interval -1.7389 to 1.8189, paired over 2 seeds; it holds 0: not separated); the report gives the verdict")
+
+
+def test_the_margin_over_the_next_setting_is_paired_by_seed_and_confirm_seeds_alone_count():
+    """The main command answers with an interval: the lead over the runner-up, paired by seed
+    (a seed's shared init noise cancels), and under the protocol only on confirm seeds."""
+    rows = [(0.5, s, 1024, 6.6 + 0.01 * s) for s in range(3)] + [(1.0, s, 1024, 6.5 + 0.012 * s) for s in range(3)]
+    line = best_setting_line(_table(rows))
+    # d_s = 0.1 - 0.002 s: mean 0.098, sd 0.002, t(0.975, 2) = 4.3027: half-width 0.0050.
+    assert "ahead of init.gamma=0.5 by 0.0980 nats (95% interval 0.0930 to 0.1030, paired over 3 seeds; it excludes 0)" in line
+    # A tune seed where gamma 0.5 wins by far does not enter the comparison of the confirm seeds.
+    df = _table([*rows, (0.5, 100, 1024, 1.0), (1.0, 100, 1024, 9.0)])
+    df["role"] = ["confirm"] * 6 + ["tune"] * 2
+    assert best_setting_line(df) == line
 
 
 def test_a_budgets_table_ranks_settings_at_the_largest_budget():

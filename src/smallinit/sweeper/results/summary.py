@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+from scipy import stats
 
 from smallinit.core import results_schema as schema
 from smallinit.core.errors import ConfigError, first_line
@@ -51,8 +52,11 @@ def failure_lines(df: pd.DataFrame, sweep_dir: Path) -> list[str]:
 
 def best_setting_line(done: pd.DataFrame) -> str | None:
     """With seeds swept (a param named seed or ending in .seed), the setting with the lowest
-    mean loss over its seeds: the trial the driver calls best is one seed's luck, and the report
-    ranks settings by their seed means. None without two or more seeds per setting."""
+    mean loss over its seeds (the trial the driver calls best is one seed's luck, and the report
+    ranks settings by their seed means), and how far it is ahead of the next setting: the mean
+    of their differences paired by seed with its 95% t-interval, as the report's first sentence
+    gives it. Under hydra.sweeper.protocol only confirm seeds count (the tune seeds chose the lrs).
+    None without two or more seeds per setting."""
     params = [c for c in done.columns if c.startswith(schema.PARAM_PREFIX)]
     seeds = [c for c in params if c.removeprefix(schema.PARAM_PREFIX).split(".")[-1] == "seed"]
     setting = [c for c in params if c not in seeds]
@@ -61,17 +65,32 @@ def best_setting_line(done: pd.DataFrame) -> str | None:
     budgets = done[schema.BUDGET_TOKENS] if schema.BUDGET_TOKENS in done else None
     if budgets is not None and budgets.nunique() > 1:  # a row per budget: rank at the largest
         done = done[budgets == budgets.max()]
+    if schema.ROLE in done and (done[schema.ROLE] == "confirm").any():
+        done = done[done[schema.ROLE] == "confirm"]
     groups = done.groupby(setting, dropna=False)[schema.FINAL_VAL_LOSS].agg(["mean", "count"])
-    groups = groups[groups["count"] >= 2]
+    groups = groups[groups["count"] >= 2].sort_values("mean")
     if groups.empty:
         return None
-    key = groups["mean"].idxmin()
-    values = key if isinstance(key, tuple) else (key,)
-    named = " ".join(f"{c.removeprefix(schema.PARAM_PREFIX)}={v:g}" if isinstance(v, float) else
-                     f"{c.removeprefix(schema.PARAM_PREFIX)}={v}" for c, v in zip(setting, values))
-    row = groups.loc[key]
-    return (f"best setting: {named}, val loss {row['mean']:.4f} (mean of {int(row['count'])} seeds; "
-            "the report gives its interval and the verdict)")
+
+    def named(key) -> str:
+        values = key if isinstance(key, tuple) else (key,)
+        return " ".join(f"{c.removeprefix(schema.PARAM_PREFIX)}={v:g}" if isinstance(v, float) else
+                        f"{c.removeprefix(schema.PARAM_PREFIX)}={v}" for c, v in zip(setting, values))
+
+    best = groups.index[0]
+    line = f"best setting: {named(best)}, val loss {groups['mean'].iloc[0]:.4f} (mean of {int(groups['count'].iloc[0])} seeds)"
+    if len(groups) > 1:
+        per_seed = done.set_index([*setting, *seeds])[schema.FINAL_VAL_LOSS]
+        by_setting = {k: per_seed.xs(k if isinstance(k, tuple) else (k,), level=list(range(len(setting))))
+                      for k in groups.index[:2]}
+        diff = (by_setting[groups.index[1]] - by_setting[best]).dropna()
+        if len(diff) >= 2:
+            mean, sem = float(diff.mean()), float(diff.std(ddof=1)) / len(diff) ** 0.5
+            half = float(stats.t.ppf(0.975, len(diff) - 1)) * sem
+            held = "holds 0: not separated" if mean - half <= 0 <= mean + half else "excludes 0"
+            line += (f", ahead of {named(groups.index[1])} by {mean:.4f} nats (95% interval {mean - half:.4f} to "
+                     f"{mean + half:.4f}, paired over {len(diff)} seeds; it {held})")
+    return line + "; the report gives the verdict"
 
 
 def failed_run_message(failed: int, ended: int, results: Path) -> str:
