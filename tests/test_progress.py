@@ -70,6 +70,7 @@ def test_a_trial_resumed_from_a_checkpoint_counts_as_a_whole_trial_at_its_step_r
     tally.report("fresh", 200, total_steps=1000)
     # 800 steps left at 10 steps/s; the one waiting follows at the mean (100 s).
     assert tally.eta_s() == pytest.approx(80 + 100)
+    assert tally.line().startswith("progress: 1/3 done, 1 running (at 20%), 0 failed; ETA 3 min")
     clock.now += 80
     tally.report("fresh", 150, total_steps=1000)  # a budget branch's row, behind the main run: not progress
     tally.report("fresh", 1000, total_steps=1000)
@@ -130,7 +131,7 @@ def test_a_real_sweep_says_what_it_will_run_and_how_far_it_got(tmp_path, data_ca
     assert lines[-1] == "progress: 2/2 done, 0 running, 0 failed", proc.stdout
     # The first end (a heartbeat may come before it on a slow machine), with the ETA it measured.
     first = next(line for line in lines if line.startswith("progress: 1/2"))
-    assert re.fullmatch(r"progress: 1/2 done, 1 running, 0 failed; ETA [0-9.]+ (s|min) "
+    assert re.fullmatch(r"progress: 1/2 done, 1 running( \(at [0-9]+%\))?, 0 failed; ETA [0-9.]+ (s|min) "
                         r"\(mean trial [0-9.]+ (s|min), [12] at a time\)", first), first
     again = sweep(tmp_path, data_cache, "init.gamma=0.5,1.0", "wandb.mode=disabled", "name=prog")
     assert again.returncode == 0 and "2 trials (2 already done); nothing to run; folder " in again.stdout

@@ -1,6 +1,6 @@
 """What the sweep shows while it runs: a live table in the terminal (trial, state, swept values,
 validation loss), and a progress line each time a trial ends and every HEARTBEAT_S seconds while
-none does: `progress: 3/8 done, 2 running, 0 failed; ETA 4 min (mean trial 1.9 min, 2 at a time)`,
+none does: `progress: 3/8 done, 2 running (at 40%, 15%), 0 failed; ETA 4 min (mean trial 1.9 min, 2 at a time)`,
 the ETA worked out from the measured times of this run's trials (Tally)."""
 
 from __future__ import annotations
@@ -108,8 +108,8 @@ class Tally:
 
     def line(self) -> str:
         self.last_line = self.clock()
-        text = (f"progress: {self.skipped + self.done}/{self.total} done, {len(self.running)} running, "
-                f"{self.failed} failed")
+        text = (f"progress: {self.skipped + self.done}/{self.total} done, {len(self.running)} running"
+                f"{self._how_far()}, {self.failed} failed")
         if not self.running and not self.waiting:
             return text
         eta = self.eta_s()
@@ -117,6 +117,13 @@ class Tally:
             return f"{text}; ETA once a trial ends ({_minutes(self.clock() - self.t0)} in)"
         mean = sum(self.durations) / len(self.durations)
         return f"{text}; ETA {_minutes(eta)} (mean trial {_minutes(mean, 1)}, {max(1, self.at_once)} at a time)"
+
+    def _how_far(self) -> str:
+        """' (at 21%, 5%)': the running trials' furthest reported step of their total, so a
+        heartbeat during hour-long trials says they move; '' before any has reported."""
+        at = [r.get("last", r["first"])[1] / r["total"] for k, r in self.reports.items()
+              if k in self.running and r["total"]]
+        return f" (at {', '.join(f'{x:.0%}' for x in sorted(at, reverse=True)[:4])})" if at else ""
 
     def heartbeat_due(self) -> bool:
         return bool(self.running) and self.clock() - self.last_line >= HEARTBEAT_S
