@@ -248,6 +248,7 @@ stop_ray()
 
 @pytest.mark.integration
 @needs_namespaces
+@pytest.mark.slow
 def test_a_local_sweep_starts_its_own_ray_beside_a_user_started_cluster():
     """ray.address=null is a Ray of the driver's own, though RAY_ADDRESS and a `ray start --head`
     address file (both of a cluster that is gone, here) would make a plain ray.init() join them."""

@@ -50,11 +50,10 @@ def ray_session() -> Path:
 
 # Ctrl-C sends SIGINT to the whole foreground group, Ray's processes included; a scheduler
 # sends SIGTERM to the driver alone (`kill PID`) or to every process of the job (Slurm, systemd,
-# `kill -- -PGID`), which also stops Ray's own processes under the driver. Only the last has a
-# path of its own (stop.py); the other two are the slower runs (`make test-full`).
-@pytest.mark.parametrize("sig,group", [pytest.param(signal.SIGINT, True, marks=pytest.mark.slow),
-                                       pytest.param(signal.SIGTERM, False, marks=pytest.mark.slow),
-                                       (signal.SIGTERM, True)],
+# `kill -- -PGID`), which also stops Ray's own processes under the driver. Each stops and
+# reruns a sweep (about a minute): `make test-slow`.
+@pytest.mark.slow
+@pytest.mark.parametrize("sig,group", [(signal.SIGINT, True), (signal.SIGTERM, False), (signal.SIGTERM, True)],
                          ids=["SIGINT-group", "SIGTERM-driver", "SIGTERM-group"])
 def test_a_stopped_sweep_exits_128_plus_the_signal_and_its_rerun_finishes_it(tmp_path, data_cache, sig, group):
     args = ["init.gamma=0.5,1.0,1.5", *SLOW, "name=stopped"]
@@ -81,6 +80,7 @@ def test_a_stopped_sweep_exits_128_plus_the_signal_and_its_rerun_finishes_it(tmp
         assert all("resuming" in log for log in logs.values()), logs
 
 
+@pytest.mark.slow
 def test_failed_trials_exit_1_with_each_reason_and_the_folders_it_hit(tmp_path, data_cache):
     """Two trials, both failing: too few for max_failure_rate's rule (>= 3 ended) to stop the
     sweep, which once made this exit 0 without a reason."""
@@ -101,6 +101,7 @@ def test_failed_trials_exit_1_with_each_reason_and_the_folders_it_hit(tmp_path, 
 
 # ---- 2. one driver per sweep folder ----
 
+@pytest.mark.slow
 def test_a_second_driver_on_a_folder_exits_at_once_and_each_trial_trains_once(tmp_path, data_cache):
     args = ["init.gamma=0.5,1.0,1.5", *SLOW, "name=twice"]
     drivers = [start(tmp_path, data_cache, *args) for _ in range(2)]
@@ -123,6 +124,7 @@ def test_a_second_driver_on_a_folder_exits_at_once_and_each_trial_trains_once(tm
         assert len(json.loads((folder / "placement.json").read_text())) == 1  # trained once
 
 
+@pytest.mark.slow
 def test_a_lock_left_by_a_dead_driver_is_taken_over_and_a_live_one_refuses(tmp_path, data_cache):
     sweep_dir = tmp_path / "sweeps" / "locked"
     sweep_dir.mkdir(parents=True)

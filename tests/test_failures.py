@@ -105,6 +105,7 @@ def test_a_full_disk_names_the_file_and_the_rerun_after_freeing_space_completes_
         subprocess.run(["umount", "-l", str(folder)])
 
 
+@pytest.mark.slow
 def test_an_unreadable_checkpoint_is_set_aside_and_the_trial_trains_from_scratch(tmp_path, data_cache, trial_config):
     import torch
 
@@ -124,6 +125,7 @@ def test_an_unreadable_checkpoint_is_set_aside_and_the_trial_trains_from_scratch
     assert steps[0] == 0 and steps == sorted(set(steps))
 
 
+@pytest.mark.slow
 def test_a_deleted_study_is_rebuilt_from_the_trial_folders(tmp_path, data_cache):
     grid = ["init.gamma=0.5,1.0", "optim.lr=1e-3,1e12", "optim.grad_clip=null", "optim.warmup_frac=0",
             "wandb.mode=disabled", "name=lost"]

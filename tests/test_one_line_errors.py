@@ -59,6 +59,7 @@ def test_a_damaged_metrics_file_is_one_line_naming_the_file_and_the_line(tmp_pat
     assert "\n" not in msg
 
 
+@pytest.mark.slow
 def test_the_report_names_a_damaged_metrics_file_and_uses_one_cut_by_a_kill(tiny_sweep, tmp_path):
     sweep = tmp_path / "rep"
     shutil.copytree(tiny_sweep, sweep)

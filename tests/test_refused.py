@@ -87,6 +87,7 @@ def test_a_fixed_key_swept_without_its_value_is_another_question(tmp_path):
     assert fixed_overrides.check(tmp_path, fixed, [], {}) == record  # the same command: resumes
 
 
+@pytest.mark.slow
 def test_a_folder_made_at_one_budget_refuses_a_grid_of_others(tmp_path, data_cache):
     first = sweep(tmp_path, data_cache, "init.gamma=1.0", "wandb.mode=disabled", "name=budget")
     assert first.returncode == 0, first.stderr[-3000:]

@@ -71,6 +71,7 @@ def test_a_killed_ray_worker_is_retried_from_its_checkpoint(tmp_path, data_cache
     assert steps[0] == 0 and 8 in steps  # the second attempt kept the first attempt's history
 
 
+@pytest.mark.slow
 def test_a_killed_ray_worker_without_retries_left_is_one_line_naming_the_error_file(tmp_path, data_cache):
     driver, sweep_dir = start_and_kill_the_worker(tmp_path, data_cache, "hydra.sweeper.max_retries=0")
     out, err = driver.communicate(timeout=600)
@@ -93,6 +94,7 @@ def test_two_sweeps_share_one_study_storage_at_once(tmp_path, data_cache):
         assert len(pd.read_parquet(tmp_path / "sweeps" / name / "results.parquet")) == 3
 
 
+@pytest.mark.slow
 def test_a_wandb_key_never_lands_in_outputs(tmp_path, data_cache):
     secret = "sk-test-4f1b2c9d8e7a6b5c4d3e2f1a0b9c8d7e6f5a4b3c"
     proc = sweep(tmp_path, data_cache, "init.gamma=0.5,1.0", "wandb.mode=offline", "name=secret",

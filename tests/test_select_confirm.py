@@ -116,6 +116,7 @@ def _results(sweep_dir):
     return {p.parent.name: p.stat().st_mtime_ns for p in sweep_dir.glob("trials/*/result.json")}
 
 
+@pytest.mark.slow
 def test_select_then_confirm_sweep_records_roles_and_choices_and_a_rerun_trains_nothing(tmp_path, data_cache):
     proc = sweep(tmp_path, data_cache, *PROTOCOL)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -188,6 +189,7 @@ def test_a_folder_grown_by_another_command_keeps_the_choices_it_had():
         protocol.check_record(ProtocolConf(tune=["optim.lr"], tune_seeds=[5], confirm_seeds=[1]), first)
 
 
+@pytest.mark.slow
 def test_show_prints_both_stages_and_a_plain_grid_shows_too(tmp_path, data_cache):
     from .conftest import run_cli
 

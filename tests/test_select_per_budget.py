@@ -96,6 +96,7 @@ PER_BUDGET = ["arm=baseline,small", "optim.lr=1e-3,1e-2", "optim.schedule=wsd", 
               "wandb.mode=disabled", "name=pb"]
 
 
+@pytest.mark.slow
 def test_a_per_budget_sweep_chooses_from_the_branches_and_confirms_each_choice(tmp_path, data_cache):
     proc = sweep(tmp_path, data_cache, *PER_BUDGET)
     assert proc.returncode == 0, proc.stderr[-3000:]

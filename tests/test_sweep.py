@@ -31,6 +31,7 @@ def wandb_runs(sweep_dir: Path) -> list[Path]:
     return sorted(sweep_dir.glob("trials/*/wandb/offline-run-*/run-*.wandb"))
 
 
+@pytest.mark.slow
 def test_card_command_runs_every_trial_once_and_a_rerun_trains_nothing(tmp_path, data_cache):
     proc = sweep(tmp_path, data_cache, *CARD, "wandb.mode=offline", "name=card")
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -87,6 +88,7 @@ def test_killed_driver_resumes_without_duplicates_or_retraining(tmp_path, data_c
     assert {k: after[k] for k in finished} == finished  # finished trials were not trained again
 
 
+@pytest.mark.slow
 def test_optuna_search_with_asha_prunes_and_reports_a_best_gamma(tmp_path, data_cache):
     proc = sweep(tmp_path, data_cache, "init.gamma=interval(0.25,1.5)", "hydra.sweeper.n_trials=6",
                  "hydra.sweeper.asha.enabled=true", "hydra.sweeper.asha.grace_period=2", "train.max_tokens=2048",
@@ -103,6 +105,7 @@ def test_optuna_search_with_asha_prunes_and_reports_a_best_gamma(tmp_path, data_
     assert "best: trial" in proc.stdout and "init.gamma" in proc.stdout.split("best: trial")[1]
 
 
+@pytest.mark.slow
 def test_a_failing_trial_is_recorded_and_the_others_finish(tmp_path, data_cache):
     proc = sweep(tmp_path, data_cache, "optim.lr=1e-3,1e12", "optim.grad_clip=null", "optim.warmup_frac=0",
                  "train.max_tokens=4096", "wandb.mode=disabled", "name=fails")
@@ -125,6 +128,7 @@ def test_a_failing_trial_is_recorded_and_the_others_finish(tmp_path, data_cache)
         assert f"host allocator: {host_memory.KEPT} (set at process start)" in log.read_text()
 
 
+@pytest.mark.slow
 def test_max_failure_rate_stops_a_broken_sweep(tmp_path, data_cache):
     proc = sweep(tmp_path, data_cache, "optim.lr=1e10,1e11,1e12,1e13,1e14,1e15", "optim.grad_clip=null",
                  "optim.warmup_frac=0", "train.max_tokens=4096", "hydra.sweeper.max_failure_rate=0.5",
@@ -244,6 +248,7 @@ def test_a_folder_keeps_its_question_and_new_keys_are_refused(tmp_path, data_cac
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 def test_show_prints_each_trial_as_it_will_train(tmp_path):
     proc = run_cli(["--show", "model=micro", "model.d_model=128", "model.head_dim=64"], cwd=tmp_path, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -55,6 +55,7 @@ def test_a_mistyped_mode_is_refused_in_one_line():
         check_wandb({"mode": "ofline"})
 
 
+@pytest.mark.slow
 def test_an_offline_sweep_says_where_its_runs_go_and_how_to_upload_them(tmp_path, data_cache):
     proc = sweep(tmp_path, data_cache, "init.gamma=0.5", "wandb.mode=offline", "name=wb")
     assert proc.returncode == 0, proc.stderr[-3000:]
