@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from smallinit.core.errors import ConfigError
-from smallinit.sweeper.results.summary import check_wandb, wandb_line, wandb_sync_line
+from smallinit.sweeper.config.schema import check_wandb
+from smallinit.sweeper.results.summary import wandb_line, wandb_sync_line
 
 from .conftest import error_line, sweep
 

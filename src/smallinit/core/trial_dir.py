@@ -1,4 +1,8 @@
-"""One trial's folder: every file in it named, read and written here, and nowhere else.
+"""One trial's folder: every file in it named here, and its path taken from here by the code
+that writes it. The JSON records (sweep.json, placement.json, trial.json, budgets/, result.json,
+failure.json) are read and written here; .hydra/ by the sweeper (config/compose.py),
+metrics.jsonl by trainer/reporting.py, probes/, per_token_losses.npz and model.pt by the
+trainer (loop.py, observer.py), checkpoints by trainer/checkpoint.py and distributed.py.
 
     .hydra/               the composed Hydra config and the overrides (sweeps only)
     sweep.json            the planned trial (params, overrides, identity, resolved config,

@@ -33,10 +33,10 @@ from smallinit.sweeper.config import protocol
 from smallinit.sweeper.config.compose import Composer, check_distinct, validate_sweep
 from smallinit.sweeper.config.config import SmallinitSweeperConf, check_sweeper_conf
 from smallinit.sweeper.config.precheck import check_name
+from smallinit.sweeper.config.schema import check_wandb
 from smallinit.sweeper.config.space import parse_sweep
 from smallinit.sweeper.results.summary import (
     all_failed_before,
-    check_wandb,
     failed_before_message,
     failed_run_message,
     wandb_line,

@@ -20,6 +20,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Union
 
+from smallinit.core.errors import ConfigError
 from smallinit.trainer.anchor_task import AnchorData
 from smallinit.trainer.config import TrialArgs
 from smallinit.trainer.data_config import CORPORA
@@ -60,6 +61,25 @@ class WandbConf:
     mode: str = "auto"
     project: str = "smallinit"
     entity: str | None = None
+
+
+WANDB_MODES = ("auto", "online", "offline", "disabled")
+WANDB_NAME_FORBIDDEN = ("/", "\\", "#", "?", "%", ":")
+
+
+def check_wandb(wandb_cfg: dict[str, Any]) -> None:
+    """Before launch: a mistyped mode would otherwise fail every trial in wandb.init."""
+    mode = wandb_cfg.get("mode", "auto")
+    if mode not in WANDB_MODES:
+        raise ConfigError(f"wandb.mode={mode} is invalid: must be one of {', '.join(WANDB_MODES)}")
+    for key in ("project", "entity"):  # W&B's own rule for the names, which it checks only in wandb.init
+        name = wandb_cfg.get(key)
+        if name is None:  # entity null: W&B's default; project absent: a caller checking the mode alone
+            continue
+        bad = sorted({c for c in str(name) if c in WANDB_NAME_FORBIDDEN})
+        if not str(name or "").strip() or bad or len(str(name)) > 128:
+            raise ConfigError(f"wandb.{key}={name} is invalid: must be 1-128 characters without "
+                              f"{' '.join(WANDB_NAME_FORBIDDEN)}" + (f" (found {' '.join(bad)})" if bad else ""))
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ import pandas as pd
 from scipy import stats
 
 from smallinit.core import results_schema as schema
-from smallinit.core.errors import ConfigError, first_line
+from smallinit.core.errors import first_line
 from smallinit.core.trial_dir import TrialDir
 from smallinit.sweeper.config.schema import WandbConf
 
@@ -111,26 +111,9 @@ def failed_before_message(n: int, results: Path) -> str:
             f"under 'failed'); hydra.sweeper.retry_failed=true trains them again (table: {results})")
 
 
-WANDB_MODES = ("auto", "online", "offline", "disabled")
-WANDB_NAME_FORBIDDEN = ("/", "\\", "#", "?", "%", ":")
 # wandb.init(dir=<trial folder>) (trainable.WandbReporter) keeps each run's files there, under
 # wandb/offline-run-<time>-<run id> when offline: one such folder per attempt of the trial.
 OFFLINE_RUNS = "trials/*/wandb/offline-run-*"
-
-
-def check_wandb(wandb_cfg: dict[str, Any]) -> None:
-    """Before launch: a mistyped mode would otherwise fail every trial in wandb.init."""
-    mode = wandb_cfg.get("mode", "auto")
-    if mode not in WANDB_MODES:
-        raise ConfigError(f"wandb.mode={mode} is invalid: must be one of {', '.join(WANDB_MODES)}")
-    for key in ("project", "entity"):  # W&B's own rule for the names, which it checks only in wandb.init
-        name = wandb_cfg.get(key)
-        if name is None:  # entity null: W&B's default; project absent: a caller checking the mode alone
-            continue
-        bad = sorted({c for c in str(name) if c in WANDB_NAME_FORBIDDEN})
-        if not str(name or "").strip() or bad or len(str(name)) > 128:
-            raise ConfigError(f"wandb.{key}={name} is invalid: must be 1-128 characters without "
-                              f"{' '.join(WANDB_NAME_FORBIDDEN)}" + (f" (found {' '.join(bad)})" if bad else ""))
 
 
 def wandb_line(wandb_cfg: dict[str, Any], sweep_dir: Path, group: str) -> str:
