@@ -136,7 +136,8 @@ def test_a_per_budget_sweep_chooses_from_the_branches_and_confirms_each_choice(t
     from smallinit.experiments.fits.token_crossover import status
 
     text = status(sweep_dir)
-    assert "## tune (seed mean over 100)" in text and "## confirm (seed mean over 1, 2)" in text
+    assert "## tune: final validation loss" in text and "## confirm: final validation loss" in text
+    assert all(f"| {seeds} |" in text for seeds in ("100", "1-2"))
     assert text.count("chose 512: ") == 2 and "Decision so far: no crossover estimate" in text
     from smallinit.core.provenance import cpu_identity
 

@@ -103,3 +103,17 @@ def test_the_section_draws_both_figures_and_keeps_the_line_in_the_summary(tmp_pa
     lo, hi = summary["line"]["d_star_interval"]
     assert lo < summary["line"]["d_star"] < hi and len(summary["per_seed"]) == 6
     assert any("D* = " in str(b.content) for b in blocks)
+
+
+def test_the_status_grid_names_each_rows_seeds_and_a_budget_fewer_seeds_reached():
+    """A row's mean is over its own seeds; a budget a running trial has not reached says n."""
+    r = pd.DataFrame({"param.arm": ["baseline"] * 4 + ["small"] * 3,
+                      "lr": [4e-3] * 4 + [2e-3] * 3,
+                      "param.seed": [1, 1, 2, 2, 1, 1, 2],
+                      "budget_tokens": [10, 20, 10, 20, 10, 20, 10],
+                      "final_val_loss": [5.0, 4.0, 5.2, 4.2, 5.1, 4.1, 5.3]})
+    header, body = tc.loss_grid(r, "final_val_loss")
+    assert header == ["arm", "lr", "seeds", "10", "20"]
+    assert body[0] == ["baseline", "0.004", "1-2", "5.1000", "4.1000"]
+    assert body[1] == ["small", "0.002", "1-2", "5.2000", "4.1000 (n=1)"]
+    assert tc._seed_list([5, 1, 2, 3, 2]) == "1-3, 5"

@@ -264,11 +264,9 @@ def status(sweep_dir: Path, metric: str = schema.FINAL_VAL_LOSS) -> str:
         rows = df[df["role"] == role]
         if rows.empty:
             continue
-        grid = rows.pivot_table(index=["param.arm", "lr"], columns=schema.BUDGET_TOKENS, values=metric, aggfunc="mean")
-        seeds = ", ".join(str(int(s)) for s in sorted(rows["param.seed"].unique()))
-        body = [[str(arm), f"{lr:g}", *[fmt(v) for v in vals]] for (arm, lr), vals in zip(grid.index, grid.to_numpy())]
-        lines += [f"## {role} (seed mean over {seeds}): final validation loss per budget [tokens]", "",
-                  table(["arm", "lr", *[f"{int(c):,}" for c in grid.columns]], body), ""]
+        header, body = loss_grid(rows, metric)
+        lines += [f"## {role}: final validation loss per budget [tokens], mean over each row's seeds", "",
+                  table(header, body), ""]
     lines += machine_lines(df)
     record = sweep_dir / "protocol.json"
     if record.exists():
@@ -279,6 +277,34 @@ def status(sweep_dir: Path, metric: str = schema.FINAL_VAL_LOSS) -> str:
         if out is not None:
             lines += ["", f"Decision so far: {out['decision']}"]
     return "\n".join(lines) + "\n"
+
+
+def _seed_list(seeds) -> str:
+    """1, 2, 3, 5 -> '1-3, 5': which seeds a row's means are over."""
+    seeds, runs = sorted(int(s) for s in set(seeds)), []
+    for s in seeds:
+        if runs and s == runs[-1][1] + 1:
+            runs[-1][1] = s
+        else:
+            runs.append([s, s])
+    return ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs)
+
+
+def loss_grid(rows: pd.DataFrame, metric: str) -> tuple[list[str], list[list[str]]]:
+    """One row per (arm, lr): its seeds, then the seed mean per budget. A budget that fewer of
+    the row's seeds have finished says over how many ("(n=2)"), so a mean is never read as
+    being over seeds it does not hold."""
+    keys = ["param.arm", "lr"]
+    mean = rows.pivot_table(index=keys, columns=schema.BUDGET_TOKENS, values=metric, aggfunc="mean")
+    count = rows.pivot_table(index=keys, columns=schema.BUDGET_TOKENS, values=metric, aggfunc="count")
+    seeds = rows.groupby(keys)["param.seed"].agg(_seed_list)
+    n_seeds = rows.groupby(keys)["param.seed"].nunique()
+    body = []
+    for key, vals in zip(mean.index, mean.to_numpy()):
+        cells = [fmt(v) if c >= n_seeds[key] or np.isnan(v) else f"{fmt(v)} (n={int(c)})"
+                 for v, c in zip(vals, count.loc[key].fillna(0).to_numpy())]
+        body.append([str(key[0]), f"{key[1]:g}", seeds[key], *cells])
+    return ["arm", "lr", "seeds", *[f"{int(c):,}" for c in mean.columns]], body
 
 
 def branch_rows(sweep_dir: Path, metric: str = schema.FINAL_VAL_LOSS) -> pd.DataFrame:
