@@ -8,6 +8,7 @@ import math
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from .conftest import REPO
@@ -93,3 +94,23 @@ def test_gpu_check_refuses_a_folder_without_tokens(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "smallinit.bench.gpu_check", "--data", str(tmp_path), "--tiny"], cwd=REPO,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "no train.bin" in proc.stderr
+
+
+def test_the_gpu_check_trains_train_gpus_batch_and_sequence(tmp_path, monkeypatch):
+    """Its 0.1B trial is conf/train/gpu.yaml's batch x sequence, evaluated at least as often,
+    read from the file (a changed file changes the trial)."""
+    import yaml
+
+    from smallinit.bench import gpu_bench
+    from smallinit.bench.gpu_check import trial_for
+
+    assert gpu_bench.gpu_train_preset() == yaml.safe_load(gpu_bench.GPU_TRAIN_YAML.read_text())
+    assert (gpu_bench.SEQ_LEN, gpu_bench.START_BATCH["0.1b"]) == (gpu_bench.gpu_train_preset()["seq_len"],
+                                                                 gpu_bench.gpu_train_preset()["batch_size"])
+    changed = tmp_path / "gpu.yaml"
+    changed.write_text("# a comment\nbatch_size: 8\nseq_len: 512  # tokens\neval_every: 3\ncompile: true\n")
+    monkeypatch.setattr(gpu_bench, "GPU_TRAIN_YAML", changed)
+    for split in ("train", "val"):
+        np.zeros(4096, dtype=np.uint16).tofile(tmp_path / f"{split}.bin")
+    trial = trial_for("0.1b", 1.0, 1e-3, tmp_path, 32768, 100 * 8 * 512, "cpu", False)
+    assert (trial.train.batch_size, trial.train.seq_len, trial.train.eval_every) == (8, 512, 3)

@@ -14,13 +14,31 @@ from __future__ import annotations
 import gc
 import math
 import time
+from pathlib import Path
 
 from .common import median, progress
 
 TARGET = {"op": ">=", "value": 0.45}
-SEQ_LEN = 2048
-# Starting micro-batch per preset (sequences of 2048 tokens); halved on out-of-memory.
-START_BATCH = {"0.1b": 32, "0.25b": 16, "0.5b": 8, "1b": 8, "1.5b": 4}
+GPU_TRAIN_YAML = Path(__file__).resolve().parents[1] / "conf" / "train" / "gpu.yaml"
+
+
+def gpu_train_preset() -> dict[str, int | float | bool]:
+    """train=gpu (conf/train/gpu.yaml) as numbers, so the GPU checks train what a GPU sweep
+    trains. Its flat `key: value` lines are read here by hand: gpu_check runs where only torch
+    and numpy are installed."""
+    out: dict[str, int | float | bool] = {}
+    for line in GPU_TRAIN_YAML.read_text().splitlines():
+        key, sep, value = line.split("#", 1)[0].partition(":")
+        if sep and value.strip():
+            v = value.strip()
+            out[key.strip()] = v == "true" if v in ("true", "false") else float(v) if "." in v or "e" in v else int(v)
+    return out
+
+
+SEQ_LEN = int(gpu_train_preset()["seq_len"])
+# Starting micro-batch per preset (sequences of SEQ_LEN tokens); halved on out-of-memory. The
+# 0.1B preset's is train=gpu's batch; the larger presets start smaller to fit.
+START_BATCH = {"0.1b": int(gpu_train_preset()["batch_size"]), "0.25b": 16, "0.5b": 8, "1b": 8, "1.5b": 4}
 WARMUP_STEPS = 3  # the first compiles the graph
 
 
@@ -85,14 +103,15 @@ def _try(preset: str, batch: int, device, steps: int, seq_len: int = SEQ_LEN, co
     import torch.nn.functional as F
 
     from smallinit.model import ModelConfig, Transformer
+    from smallinit.model.config import GPU_VOCAB
     from smallinit.trainer.config import OptimConfig, TrainConfig, TrialConfig
     from smallinit.trainer.data_config import BilingualData
     from smallinit.trainer.loop import flops_per_token, make_optimizer, peak_flops
 
     base = ModelConfig.preset(preset)
-    cfg = ModelConfig.preset(preset, vocab_size=32768, max_seq_len=max(seq_len, base.max_seq_len))
+    cfg = ModelConfig.preset(preset, vocab_size=GPU_VOCAB, max_seq_len=max(seq_len, base.max_seq_len))
     train = TrainConfig(batch_size=batch, seq_len=seq_len, max_steps=steps, device=device.type, dtype="bf16", compile=compile)
-    trial = TrialConfig(model=cfg, optim=OptimConfig(), train=train, data=BilingualData(vocab_size=32768), preset=preset)
+    trial = TrialConfig(model=cfg, optim=OptimConfig(), train=train, data=BilingualData(vocab_size=GPU_VOCAB), preset=preset)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     t0 = time.perf_counter()

@@ -43,6 +43,8 @@ import torch
 
 from smallinit.core.trial_dir import TrialDir
 
+from .gpu_bench import gpu_train_preset
+
 MAX_EPOCHS = 4  # more passes than this measure memorisation, not the paper's question
 PRESETS = ("0.1b", "1.5b")
 GAMMAS = (0.5, 1.0)
@@ -64,12 +66,14 @@ def trial_for(preset: str, gamma: float, lr: float, data: Path, vocab: int, budg
 
     model = ModelConfig.preset(preset, vocab_size=vocab, init=InitConfig(gamma=gamma, seed=seed), norm=NormConfig(eps=eps),
                                attn=AttnConfig(gate=gate))
-    # train=gpu's batch and sequence (conf/train/gpu.yaml); evaluated 8 times over this short budget
-    # (train=gpu's every 500 steps is past its end), on the whole validation split.
-    batch, seq = (4, 64) if tiny else (32, 2048)
+    # train=gpu's batch and sequence (conf/train/gpu.yaml), evaluated at its cadence or 8 times
+    # over this short budget, whichever is more often, on the whole validation split.
+    preset_train = gpu_train_preset()
+    batch, seq = (4, 64) if tiny else (int(preset_train["batch_size"]), int(preset_train["seq_len"]))
     steps = max(budget, batch * seq) // (batch * seq)
+    every = 5 if tiny else min(int(preset_train["eval_every"]), max(1, steps // 8))
     train = TrainConfig(seed=seed, batch_size=batch, seq_len=seq, max_tokens=max(budget, batch * seq),
-                        eval_every=5 if tiny else max(1, steps // 8), eval_tokens=batch * seq * (1 if tiny else 2),
+                        eval_every=every, eval_tokens=batch * seq * (1 if tiny else 2),
                         per_token_eval_tokens=batch * seq, probe_every=0, ckpt_every=0, device=device,
                         dtype="auto", compile=device == "cuda")
     data_cfg = TokensData(paths=(str(data / "train.bin"), str(data / "val.bin")), dtype="uint16",

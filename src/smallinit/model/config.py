@@ -128,6 +128,13 @@ class InitConfig:
         return self.gamma if override is None else override
 
 
+# GPU presets use a 32k vocabulary (the size of the Llama-2/Mistral tokenizers; train one
+# with `tokenizers` on your corpus at that size). CPU presets use the 4k byte-level BPE that
+# the bundled bilingual corpus trains in seconds.
+GPU_VOCAB = 32768
+CPU_VOCAB = 4096
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     # The defaults are the micro preset's shape (tested), at CPU_VOCAB.
@@ -136,7 +143,7 @@ class ModelConfig:
     n_heads: int = 4
     n_kv_heads: int | None = None  # None = n_heads (no GQA)
     d_ff: int = 704
-    vocab_size: int = 4096
+    vocab_size: int = CPU_VOCAB
     max_seq_len: int = 256
     rope_theta: float = 10000.0
     tie_embeddings: bool = False
@@ -238,13 +245,6 @@ class ModelConfig:
         per_layer = attn + ffn + 2 * norm
         embed = self.vocab_size * d * (1 if self.tie_embeddings else 2)
         return self.n_layers * per_layer + embed + norm
-
-
-# GPU presets use a 32k vocabulary (the size of the Llama-2/Mistral tokenizers; train one
-# with `tokenizers` on your corpus at that size). CPU presets use the 4k byte-level BPE that
-# the bundled bilingual corpus trains in seconds.
-GPU_VOCAB = 32768
-CPU_VOCAB = 4096
 
 
 def llama_d_ff(d_model: int) -> int:

@@ -29,6 +29,7 @@ from typing import Any, ClassVar
 
 from smallinit.core.errors import ConfigError, require
 from smallinit.core.plain import plain
+from smallinit.model.config import CPU_VOCAB
 
 from . import corpus as corpus_mod
 from . import shards
@@ -48,7 +49,7 @@ class CorpusData:
     # Files or globs; one path alone (data.paths=/one/dir on the command line) is a list of one.
     paths: tuple[str, ...] | str = ()
     dtype: str = "uint16"  # only for corpus "tokens": element type of the .bin files
-    vocab_size: int = 4096
+    vocab_size: int = CPU_VOCAB
     val_fraction: float = 0.05
     split_seed: int = 0
     # Where prepared corpora are cached; None: $SMALLINIT_CACHE, else ~/.cache/smallinit.

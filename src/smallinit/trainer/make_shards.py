@@ -26,6 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
+from smallinit.model.config import GPU_VOCAB
+
 from .corpus import EOT, TEXT_SUFFIXES, iter_text_file
 from .shards import SHARDS_META, TOKENIZER_FILE, file_sha256, write_shard
 
@@ -85,7 +87,7 @@ class ShardWriter:
         self.buffer, self.buffered, self.total = [flat[n:]], len(flat) - n, self.total + n
 
 
-def make_shards(text_dir: Path, out_dir: Path, tokenizer: Path | None = None, vocab_size: int = 32768,
+def make_shards(text_dir: Path, out_dir: Path, tokenizer: Path | None = None, vocab_size: int = GPU_VOCAB,
                 shard_tokens: int = 100_000_000, val_fraction: float = 0.01, tokenizer_docs: int = 200_000,
                 batch_docs: int = 1024, log=print) -> dict:
     files = find_files(text_dir)
@@ -141,7 +143,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("text_dir", type=Path)
     p.add_argument("out_dir", type=Path)
     p.add_argument("--tokenizer", type=Path, help="a tokenizers JSON; default: train a byte-level BPE here")
-    p.add_argument("--vocab-size", type=int, default=32768, help="of the BPE trained without --tokenizer")
+    p.add_argument("--vocab-size", type=int, default=GPU_VOCAB, help="of the BPE trained without --tokenizer")
     p.add_argument("--tokenizer-docs", type=int, default=200_000, help="documents the BPE is trained on")
     p.add_argument("--shard-tokens", type=int, default=100_000_000)
     p.add_argument("--val-fraction", type=float, default=0.01)

@@ -121,7 +121,7 @@ def wandb_line(wandb_cfg: dict[str, Any], sweep_dir: Path, group: str) -> str:
     workers resolve it, from this machine's key), where they appear and where their files go."""
     from smallinit.sweeper.worker.trainable import wandb_mode
 
-    requested = wandb_cfg.get("mode", "auto")
+    requested = wandb_cfg.get("mode", WandbConf.mode)
     mode = wandb_mode(requested)
     why = f"wandb.mode={requested}"
     if requested == "auto":

@@ -39,6 +39,8 @@ class TrialSpec:
     params: dict[str, Any]
     overrides: list[str]
     sweep_name: str
+    # wandb.* as composed under the root schema (mode, project, entity): WandbConf's defaults are
+    # filled in there, so the worker reads them without a default of its own.
     wandb: dict[str, Any] = field(default_factory=dict)
     threads: int = 1
     # Its role under hydra.sweeper.protocol (tune or confirm), recorded in the study; None without.
@@ -132,7 +134,7 @@ class WandbReporter:
             id=wandb_run_id(spec.sweep_name, spec.identity, spec.out_dir),
             resume="allow",
             dir=spec.out_dir,
-            mode=wandb_mode(settings.get("mode", "auto")),
+            mode=wandb_mode(settings["mode"]),  # filled in as project is
             config={**spec.params, "identity": spec.identity, "trial": spec.trial.to_dict()},
             tags=[f"{k}={v}" for k, v in spec.params.items()][:64],
             settings=wandb.Settings(console="off", silent=True, x_disable_stats=True),
@@ -204,7 +206,7 @@ def _train(spec: TrialSpec, out: TrialDir) -> dict[str, Any] | None:
                 if spec.workers > 1:
                     done = _fit_workers(spec, out)
                 else:
-                    if spec.wandb.get("mode", "auto") != "disabled":
+                    if spec.wandb["mode"] != "disabled":
                         reporters.append(WandbReporter(spec))
                     done = _as_dict(run_trial(spec.trial, out.path, reporter=MultiReporter(*reporters),
                                               log=lambda *a: print(*a, flush=True), prepared=_prepared(spec)))
@@ -290,7 +292,7 @@ def _worker(config: dict[str, Any]) -> None:
         log(f"rank {rank}/{spec.workers} of trial {spec.identity}, pid {os.getpid()} on {socket.gethostname()}, "
             f"{spec.trial.train.parallel} on {device}")
         reporters = [TuneReporter(spec.trial.train.total_steps, train=True)]
-        if rank == 0 and spec.wandb.get("mode", "auto") != "disabled":
+        if rank == 0 and spec.wandb["mode"] != "disabled":
             reporters.append(WandbReporter(spec))
         run_trial(spec.trial, out.path, reporter=MultiReporter(*reporters), log=log,
                   dist=Parallel(spec.trial.train.parallel, device))
