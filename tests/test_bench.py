@@ -279,3 +279,15 @@ def test_timed_calls_accumulates_and_restores():
     assert Box.work is original and "gone" not in spent
     assert 0.02 <= spent["work"] < 1.0
     assert rotate([1, 2, 3], 1) == [2, 3, 1] and rotate([1, 2, 3], 3) == [1, 2, 3]
+
+
+def test_the_pool_baseline_runs_at_the_niceness_ray_gives_its_workers():
+    """On a busy machine a pool at nice 0 would win the cores the sweep's nice-15 Ray workers lose."""
+    import concurrent.futures as cf
+    import multiprocessing
+
+    from smallinit.bench.sweep_bench import RAY_WORKER_NICENESS, _pool_init
+
+    ctx = multiprocessing.get_context("spawn")
+    with cf.ProcessPoolExecutor(max_workers=1, mp_context=ctx, initializer=_pool_init) as pool:
+        assert pool.submit(os.nice, 0).result() == max(RAY_WORKER_NICENESS, os.nice(0))
