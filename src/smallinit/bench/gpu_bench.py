@@ -35,10 +35,11 @@ def gpu_train_preset() -> dict[str, int | float | bool]:
     return out
 
 
-SEQ_LEN = int(gpu_train_preset()["seq_len"])
+_GPU_TRAIN = gpu_train_preset()
+SEQ_LEN = int(_GPU_TRAIN["seq_len"])
 # Starting micro-batch per preset (sequences of SEQ_LEN tokens); halved on out-of-memory. The
 # 0.1B preset's is train=gpu's batch; the larger presets start smaller to fit.
-START_BATCH = {"0.1b": int(gpu_train_preset()["batch_size"]), "0.25b": 16, "0.5b": 8, "1b": 8, "1.5b": 4}
+START_BATCH = {"0.1b": int(_GPU_TRAIN["batch_size"]), "0.25b": 16, "0.5b": 8, "1b": 8, "1.5b": 4}
 WARMUP_STEPS = 3  # the first compiles the graph
 
 

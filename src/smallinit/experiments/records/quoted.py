@@ -17,10 +17,9 @@ import re
 import sys
 from pathlib import Path
 
-from .results_doc import numbers_in
+from .results_doc import REPO, numbers_in
 
 BLOCK = re.compile(r"<!-- quotes: (\S+) -->(.*?)<!-- /quotes -->", re.S)
-REPO = Path(__file__).resolve().parents[4]
 
 
 def _walk(value, out: list) -> None:
@@ -69,7 +68,7 @@ def unheld(passage: str, values: list[float]) -> list[str]:
 
 def check(page: Path, repo: Path = REPO) -> list[str]:
     """One line per quoted number the named record does not hold (or per record that is missing)."""
-    problems = []
+    problems, page = [], Path(page).resolve()
     text = re.sub(r"`[^`\n]*<!--[^`\n]*`", " ", page.read_text())  # a marker shown as code is not one
     for source, passage in BLOCK.findall(text):
         record = repo / source
