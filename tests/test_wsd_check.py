@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from smallinit.experiments.records.wsd_check import main, pair, table
+from smallinit.experiments.records.wsd_check import arm_difference, main, pair, table
 
 SAME = dict(d_model=64, n_layers=4, gamma=1.0, eps=1e-12, gate="elementwise", norm="rmsnorm", state="COMPLETE")
 
@@ -63,3 +63,21 @@ def test_a_per_budget_sweep_pairs_each_budget_with_the_branch_at_that_budgets_lr
     assert sorted(zip(kept["budget_tokens"], kept["lr"])) == [(1000, 1e-3)] * 3 + [(2000, 3e-3)] * 3
     pairs = pair(kept, cosine[cosine["role"] == "confirm"])
     assert len(pairs) == 6 and pairs["diff"].round(6).tolist() == [-0.01, -0.02, -0.03] * 2
+
+
+def test_the_arms_branch_costs_are_compared_seed_by_seed():
+    """Two arms whose branches cost them differently (recipe 0.05 more on every seed at one
+    budget, the same at the other): the difference table says so, with its interval."""
+    wsd, cosine = _rows()
+    wsd, cosine = wsd[wsd["role"] == "confirm"], cosine[cosine["role"] == "confirm"]
+    extra = wsd.assign(gamma=0.5, eps=1e-5, gate="none", **{"param.arm": "baseline"})
+    cos_extra = cosine.assign(gamma=0.5, eps=1e-5, gate="none", **{"param.arm": "baseline"})
+    recipe_wsd = wsd.assign(**{"param.arm": "small"})
+    recipe_wsd.loc[recipe_wsd["budget_tokens"] == 1000, "final_val_loss"] += 0.05
+    pairs = pair(pd.concat([extra, recipe_wsd]), pd.concat([cos_extra, cosine.assign(**{"param.arm": "small"})]))
+    assert len(pairs) == 12 and set(pairs["param.arm"]) == {"baseline", "small"}
+    text = arm_difference(pairs, "baseline")
+    rows = [r for r in text.splitlines() if r.startswith("| 1,000") or r.startswith("| 2,000")]
+    assert rows[0].split(" | ")[4] == "+0.0500" and rows[1].split(" | ")[4] == "+0.0000"
+    assert "(small)" in table(pairs) and "(baseline)" in table(pairs)
+    assert arm_difference(pairs[pairs["param.arm"] == "small"], "baseline") is None

@@ -14,7 +14,7 @@ tests/test_architecture.py enforces the `May import:` line):
               (mechanism, width trend, anchor phase, token budgets)
     report    `make report`: the page (report.py) built from sections over a shared Context,
               its lead (findings), the headless-browser check (screenshot)
-    records   docs/results.md (results_doc) and the checks a record names (dtype_check, wsd_check)
+    records   docs/results.md (results_doc) and the checks a record names (dtype_check, wsd_check, crossover_size)
 
     output, data  <  stats  <  fits  <  claims  <  report;  records sits on fits
 """

@@ -90,11 +90,15 @@ def fit(cells: pd.DataFrame, e_fixed: float | None = None, starts: int = 12, see
 
 
 def sensitivity(cells: pd.DataFrame, baseline: str, recipe: str, e_values=(0.0, 1.0, 2.0, 3.0)) -> pd.DataFrame:
-    """N_eff/N and D_eff/D with E free and held at each of e_values (those below the lowest loss)."""
+    """N_eff/N and D_eff/D with E free and held at each of e_values (those below the lowest loss),
+    and each arm's root-mean-square miss: a law that misses one arm's cells by more than their
+    seed spread does not describe that arm, and its ratio is not a reading."""
     rows = []
     floor = float(cells["loss"].min())
     for e in [None, *[v for v in e_values if v < floor]]:
         f = fit(cells, e_fixed=e)
+        miss = cells["loss"].to_numpy(float) - np.array([f.predict(a, n, d) for a, n, d in zip(cells["arm"], cells["n"], cells["d"])])
+        rms = {f"rms_{arm}": float(np.sqrt(np.mean(miss[(cells["arm"] == arm).to_numpy()] ** 2))) for arm in (baseline, recipe)}
         rows.append(dict(E=f.E, e_fixed=f.e_fixed, alpha=f.alpha, beta=f.beta, sse=f.sse,
-                         n_ratio=f.n_ratio(baseline, recipe), d_ratio=f.d_ratio(baseline, recipe)))
+                         n_ratio=f.n_ratio(baseline, recipe), d_ratio=f.d_ratio(baseline, recipe), **rms))
     return pd.DataFrame(rows)

@@ -1,0 +1,198 @@
+"""The recipe's effective size at the crossover record's width, two ways, and the joint refit of
+scaling_law's recorded cells:
+
+1. **Off the baseline's measured widths** (fits/effective_width.py): at each budget, the
+   baseline's loss against ln N over d = 96, 128, 192 (crossover_widths and the crossover record's
+   own baseline), and where the recipe at d = 128 sits on it; a bound beyond the measured widths.
+2. **One L(N, D) law for both arms** (fits/joint_fit.py) over the same cells (seed means), with
+   shared E, alpha, beta, and how N_eff/N moves when E is held elsewhere.
+3. **scaling_law's cells, refitted jointly**: the cells its summary.json holds (the recipe at 4
+   widths x 3 budgets; the baseline's per-budget cells were not kept, only its 4 widths at the
+   largest budget), with the same E sensitivity.
+
+Every cell uses each (setting, budget)'s own chosen lr (protocol.json, per_budget), the confirm
+seeds only. N is the non-embedding parameter count of each arm's own model.
+
+    python -m smallinit.experiments.records.crossover_size --crossover sweeps/crossover \\
+        [--widths sweeps/crossover_widths] [--scaling-law docs/results/scaling_law/summary.json] [--out size.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from smallinit.core import results_schema as schema
+from smallinit.core.markdown import table as md_table
+from smallinit.experiments.fits.effective_size import non_embedding_params
+from smallinit.experiments.fits.effective_width import effective_width
+from smallinit.experiments.fits.joint_fit import sensitivity
+
+LOSS = schema.FINAL_VAL_LOSS
+# What makes the widths sweep's baseline the crossover record's baseline at another width.
+SAME_ARM = ("gamma", "eps", "gate", "norm", "n_layers", "ffn", "dtype")
+E_VALUES = (0.0, 1.0, 2.0, 3.0)
+
+
+def _lr_key(x: float) -> float:
+    return float(f"{x:.6g}")
+
+
+def chosen_rows(sweep: Path) -> pd.DataFrame:
+    """The confirm branches of a per_budget sweep, each (setting, budget) at the lr it chose:
+    arm, d_model, n (non-embedding), seed, budget, loss, plus the columns SAME_ARM names."""
+    record_path, results = Path(sweep) / "protocol.json", schema.results_path(Path(sweep))
+    if not record_path.is_file() or not results.is_file():
+        raise SystemExit(f"error: {sweep} holds no protocol.json and results.parquet: run its sweep first")
+    record = json.loads(record_path.read_text())
+    if not record.get("per_budget"):
+        raise SystemExit(f"error: {sweep} did not choose an lr per budget (hydra.sweeper.protocol.per_budget)")
+    df = pd.read_parquet(results)
+    df = df[(df[schema.STATE] == schema.COMPLETE) & (df["role"] == "confirm") & df[LOSS].notna()]
+    keep = np.zeros(len(df), bool)
+    for c in record.get("choices", []):
+        mine = np.ones(len(df), bool)
+        for key, value in c["setting"].items():
+            mine &= (df[f"{schema.PARAM_PREFIX}{key}"] == value).to_numpy()
+        for x in c.get("chosen_by_budget") or []:
+            at = (df[schema.BUDGET_TOKENS] == x["budget_tokens"]).to_numpy()
+            lr = df["lr"].map(_lr_key).to_numpy() == _lr_key(x["chosen"]["optim.lr"])
+            keep |= mine & at & lr
+    df = df[keep]
+    arm = df["param.arm"] if "param.arm" in df else pd.Series("baseline", index=df.index)
+    n = non_embedding_params(df["n_params"].to_numpy(float), df["d_model"].to_numpy(),
+                             int(df["config/model.vocab_size"].iloc[0]) if len(df) else 0,
+                             bool(df["config/model.tie_embeddings"].iloc[0]) if len(df) else False)
+    return pd.DataFrame({"arm": arm.to_numpy(), "d_model": df["d_model"].to_numpy(), "n": n,
+                         "seed": df["train_seed"].to_numpy(), "budget": df[schema.BUDGET_TOKENS].astype(int).to_numpy(),
+                         "loss": df[LOSS].to_numpy(), **{k: df[k].to_numpy() for k in SAME_ARM if k in df}})
+
+
+def check_same_baseline(crossover: pd.DataFrame, widths: pd.DataFrame, baseline: str) -> None:
+    """The widths sweep must train the crossover's baseline arm (same γ, eps, gate, norm, depth)."""
+    ours = crossover[crossover["arm"] == baseline]
+    for key in SAME_ARM:
+        if key in ours and key in widths:
+            a, b = set(ours[key].astype(str)), set(widths[key].astype(str))
+            if a != b:
+                raise SystemExit(f"error: the widths sweep's {key}={sorted(b)} is not the crossover baseline's "
+                                 f"{sorted(a)}: it must train the same arm at other widths")
+
+
+def width_readings(rows: pd.DataFrame, baseline: str, recipe: str) -> list[dict]:
+    """Per budget: N_eff/N of the recipe read off the baseline's measured widths."""
+    out = []
+    for budget, g in rows.groupby("budget"):
+        base, rec = g[g["arm"] == baseline], g[g["arm"] == recipe]
+        if rec.empty or base["d_model"].nunique() < 2:
+            continue
+        n_self = float(rec["n"].iloc[0])
+        r = effective_width(base.rename(columns={"n": "n_params"})[["seed", "n_params", "loss"]], rec[["seed", "loss"]], n_self)
+        out.append(dict(budget=int(budget), widths=sorted(int(w) for w in base["d_model"].unique()),
+                        seeds=int(rec["seed"].nunique()), recipe_loss=float(rec["loss"].mean()), **r))
+    return out
+
+
+def widths_table(readings: list[dict], verdicts: dict[int, str]) -> str:
+    header = ["budget [tokens]", "crossover verdict", "baseline widths", "recipe loss", "N_eff/N", "seeds read inside"]
+    rows = [[f"{r['budget']:,}", verdicts.get(r["budget"], "–"), ", ".join(map(str, r["widths"])), f"{r['recipe_loss']:.4f}",
+             r["text"], f"{r['n_inside']} of {r['n_seeds']}"] for r in readings]
+    return md_table(header, rows)
+
+
+def cell_means(rows: pd.DataFrame) -> pd.DataFrame:
+    """Seed means per (arm, n, budget): the cells a law is fitted to."""
+    return (rows.groupby(["arm", "n", "budget"])["loss"].agg(["mean", "count"]).reset_index()
+            .rename(columns={"budget": "d", "mean": "loss", "count": "seeds"}))
+
+
+def sensitivity_table(cells: pd.DataFrame, baseline: str, recipe: str) -> str:
+    s = sensitivity(cells[["arm", "n", "d", "loss"]], baseline, recipe, E_VALUES)
+    rows = [["free" if not r.e_fixed else "held", f"{r.E:.3f}", f"{r.alpha:.3f}", f"{r.beta:.3f}",
+             f"{getattr(r, f'rms_{baseline}'):.4f}", f"{getattr(r, f'rms_{recipe}'):.4f}", f"{r.n_ratio:.3g}", f"{r.d_ratio:.3g}"]
+            for r in s.itertuples()]
+    return md_table(["E", "E [nats]", "α", "β", f"rms miss, {baseline}", f"rms miss, {recipe}", "N_eff/N", "D_eff/D"], rows)
+
+
+def scaling_law_cells(summary: dict) -> pd.DataFrame:
+    """The cells scaling_law's summary.json holds: the recipe's per (width, budget) seed means
+    (effective_size.cells) and the baseline's at the largest budget (budget.below_unigram), each
+    with its own non-embedding count (width_trend.points)."""
+    es, points = summary["effective_size"], summary["width_trend"]["points"]
+    vocab, tie = int(es["vocab_size"]), bool(es["tie_embeddings"])
+    n_of = {p["d_model"]: {"baseline": float(non_embedding_params(p["n_params_baseline"], p["d_model"], vocab, tie)),
+                           "recipe": float(non_embedding_params(p["n_params_recipe"], p["d_model"], vocab, tie))}
+            for p in points}
+    rows = [dict(arm="recipe", n=n_of[int(c["d_model"])]["recipe"], d=float(c["budget_tokens"]), loss=c["loss"], seeds=c["seeds"])
+            for c in es["cells"]]
+    largest = max(float(c["budget_tokens"]) for c in es["cells"])
+    d_of = {p["size"]: p["d_model"] for p in points}
+    for c in summary["budget"]["below_unigram"]:
+        if c["variant"] == es["baseline"] and c["size"] in d_of:
+            rows.append(dict(arm="baseline", n=n_of[d_of[c["size"]]]["baseline"], d=largest, loss=c["loss"], seeds=c["seeds"]))
+    return pd.DataFrame(rows)
+
+
+def report(crossover: Path, widths: Path | None, scaling_law: Path | None, baseline: str = "baseline") -> str:
+    from smallinit.experiments.fits.token_crossover import from_sweep
+
+    rows = chosen_rows(crossover)
+    arms = sorted(set(rows["arm"]))
+    if baseline not in arms or len(arms) != 2:
+        raise SystemExit(f"error: --crossover={str(crossover)!r} has arms {arms}; it needs {baseline!r} and one other")
+    recipe = next(a for a in arms if a != baseline)
+    tc = from_sweep(crossover, baseline=baseline)
+    verdicts = {int(g["tokens"]): g["verdict"] for g in (tc or {}).get("budgets", [])}
+    parts = [f"# The recipe's effective size at d = {int(rows['d_model'].iloc[0])}", ""]
+    if widths is None:
+        parts += ["Not measured yet: the baseline has not run at the neighbouring widths "
+                  "(`python sweep.py -m +experiment=crossover_widths`), so there is no curve to read N_eff off, "
+                  "and no bound either.", ""]
+    else:
+        w = chosen_rows(widths)
+        check_same_baseline(rows, w, baseline)
+        both = pd.concat([rows, w.assign(arm=baseline)], ignore_index=True)
+        parts += [f"## Off the baseline's measured widths ({recipe} against {baseline})", "",
+                  "Each budget at each width's own chosen lr; N_eff/N over the seeds' ln N_eff/N (t-interval) where "
+                  "every seed reads inside the measured widths, else a bound. Read it where the crossover verdict "
+                  "says the recipe is ahead; elsewhere it is the same gap in other units.", "",
+                  widths_table(width_readings(both, baseline, recipe), verdicts), "",
+                  "## One L(N, D) law for both arms over these cells", "",
+                  "Shared E, α, β; each arm's A and B (seed means per cell). E is weakly identified over the "
+                  "narrow range of N these widths span: the rows with E held show how far N_eff/N moves with it. "
+                  "A law that misses an arm's cells by more than their seed spread does not describe that arm.", "",
+                  sensitivity_table(cell_means(both), baseline, recipe), ""]
+    if scaling_law is not None:
+        cells = scaling_law_cells(json.loads(Path(scaling_law).read_text()))
+        parts += ["## scaling_law's recorded cells, refitted jointly", "",
+                  f"{int((cells['arm'] == 'recipe').sum())} recipe cells (4 widths x 3 budgets) and "
+                  f"{int((cells['arm'] == 'baseline').sum())} baseline cells (4 widths at the largest budget: its "
+                  "per-budget cells were not kept in the record, only its fit). With the baseline at one budget, its "
+                  "B is told apart from E only through the shared β. A law that misses an arm's cells by more than their "
+                  "seed spread does not describe that arm, and its N_eff/N is then not a reading.", "",
+                  sensitivity_table(cells, "baseline", "recipe"), ""]
+    return "\n".join(parts)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--crossover", type=Path, required=True, help="the crossover record's sweep folder")
+    ap.add_argument("--widths", type=Path, help="the crossover_widths sweep folder (baseline at other widths)")
+    ap.add_argument("--scaling-law", type=Path, help="scaling_law's summary.json, to refit its cells jointly")
+    ap.add_argument("--baseline", default="baseline", help="the baseline arm's name (param.arm)")
+    ap.add_argument("--out", type=Path, help="also write the markdown here")
+    args = ap.parse_args(argv)
+    text = report(args.crossover, args.widths, args.scaling_law, args.baseline)
+    print(text)
+    if args.out:
+        args.out.write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
