@@ -23,7 +23,7 @@ ARGS ?=
 # about 10 minutes on 2 cores), so the report can give the best setting an interval and a verdict.
 SWEEP_GRID ?= init.gamma=0.5,0.75,1.0,1.25 norm.eps=1e-5,1e-12 seed=0,1,2
 
-.PHONY: help install lock sweep run test-unit test test-slow test-full report compare experiments bench lint dashboard clean
+.PHONY: help install lock sweep run test-unit test test-times test-slow test-full report compare experiments bench lint dashboard clean
 
 # The descriptions below name variables ($(TORCH_SPEC), $(EXTRAS)): help shows their values.
 help: ## Show this help
@@ -53,6 +53,12 @@ test-unit: install ## Run the unit tier: no corpus, Ray or training (~2 min)
 
 test: install ## Run the tests (not marked slow)
 	$(PY) -m pytest -m "not slow" --durations=60 $(ARGS)
+
+test-times: install ## Time the unit tier and make test into docs/records/test_times.json (the README quotes it)
+	SMALLINIT_TEST_RECORD=docs/records/test_times.json SMALLINIT_TEST_TIER=unit \
+	  $(PY) -m pytest -q -m "not slow and not integration" -p no:cacheprovider $(ARGS)
+	SMALLINIT_TEST_RECORD=docs/records/test_times.json SMALLINIT_TEST_TIER=test \
+	  $(PY) -m pytest -q -m "not slow" -p no:cacheprovider $(ARGS)
 
 test-slow: install ## Run only the tests marked slow (CI runs them after `make test`)
 	$(PY) -m pytest -m slow --durations=30 $(ARGS)

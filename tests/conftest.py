@@ -30,6 +30,33 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.integration)
 
 
+# `make test-times` sets these: each tier's count, wall time and provenance go into one record
+# (docs/records/test_times.json), so the README's test figures are quoted from what made them.
+TEST_RECORD, TEST_TIER = os.environ.get("SMALLINIT_TEST_RECORD"), os.environ.get("SMALLINIT_TEST_TIER")
+_STARTED = time.time()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if not (TEST_RECORD and TEST_TIER):
+        return
+    import json
+
+    from smallinit.core.provenance import record
+
+    stats = session.config.pluginmanager.get_plugin("terminalreporter").stats
+    counts = {k: len(stats.get(k, [])) for k in ("passed", "failed", "skipped", "error", "xfailed", "xpassed")}
+    counts["passed"] = sum(1 for r in stats.get("passed", []) if r.when == "call")
+    path = Path(TEST_RECORD)
+    doc = json.loads(path.read_text()) if path.is_file() else {"about": "make test-times: each test tier's count and "
+                                                                "wall time, with what ran it (one entry per tier)",
+                                                                "tiers": {}}
+    doc["tiers"][TEST_TIER] = {"markers": session.config.getoption("markexpr"), "collected": session.testscollected,
+                               **counts, "exit_status": int(exitstatus), "wall_s": round(time.time() - _STARTED, 1),
+                               "provenance": record()}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=1) + "\n")
+
+
 # Tiny but real: the bundled bilingual corpus, the nano model, a few optimizer steps.
 TINY = [
     "model=nano",

@@ -20,12 +20,15 @@ UNSTAMPED = REPO / "docs" / "records_without_provenance.json"
 def committed_records() -> dict[str, dict | None]:
     """Record name -> its provenance block (None where it has none). A report's summary, a
     precision check and a lent GPU's check are one record each; bench/results.json is one record
-    per benchmark entry."""
+    per benchmark entry, docs/records/test_times.json one per test tier."""
     out: dict[str, dict | None] = {}
     found = [*REPO.glob("docs/results/*/summary.json"), *REPO.glob("docs/precision/*.json"),
              *REPO.glob("docs/results/gpu/*.json")]
     for path in sorted(found):
         out[str(path.relative_to(REPO))] = json.loads(path.read_text()).get("provenance")
+    times = REPO / "docs" / "records" / "test_times.json"
+    for tier, entry in (json.loads(times.read_text())["tiers"] if times.is_file() else {}).items():
+        out[f"docs/records/test_times.json#{tier}"] = entry.get("provenance")
     bench = json.loads((REPO / "bench" / "results.json").read_text())
     for name, entry in bench["benchmarks"].items():
         out[f"bench/results.json#{name}"] = entry.get("provenance")
