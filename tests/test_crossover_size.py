@@ -96,7 +96,7 @@ def test_a_widths_sweep_of_another_arm_is_refused(tmp_path):
 def test_without_the_widths_the_page_says_nothing_was_read(tmp_path, capsys):
     c, _ = sweeps(tmp_path)
     assert main(["--crossover", str(c)]) == 0
-    assert "Not measured yet" in capsys.readouterr().out
+    assert "not measured yet" in capsys.readouterr().out
 
 
 def test_scaling_laws_recorded_cells_are_the_recipes_twelve_and_the_baselines_four():
@@ -108,3 +108,15 @@ def test_scaling_laws_recorded_cells_are_the_recipes_twelve_and_the_baselines_fo
     # The baseline's own count (no gate) is below the recipe's at each width.
     assert (base["n"].to_numpy() < cells[(cells["arm"] == "recipe") & (cells["d"] == base["d"].iloc[0])]
             .sort_values("n")["n"].to_numpy()).all()
+
+
+def test_scaling_law_alone_appends_its_refit_to_a_records_checks(tmp_path, capsys):
+    checks = tmp_path / "checks.md"
+    checks.write_text("the WSD check's table\n")
+    summary = str(Path(__file__).parents[1] / "docs/results/scaling_law/summary.json")
+    assert main(["--scaling-law", summary, "--out", str(checks), "--append"]) == 0
+    text = checks.read_text()
+    assert text.startswith("the WSD check's table\n\n**scaling_law's recorded cells, refitted jointly**")
+    assert "12 recipe cells (4 widths x 3 budgets) and 4 baseline cells" in text and text.count("| held |") == 4
+    with pytest.raises(SystemExit):
+        main(["--widths", str(tmp_path)])

@@ -14,7 +14,7 @@ Every cell uses each (setting, budget)'s own chosen lr (protocol.json, per_budge
 seeds only. N is the non-embedding parameter count of each arm's own model.
 
     python -m smallinit.experiments.records.crossover_size --crossover sweeps/crossover \\
-        [--widths sweeps/crossover_widths] [--scaling-law docs/results/scaling_law/summary.json] [--out size.md]
+        [--widths sweeps/crossover_widths] [--scaling-law docs/results/scaling_law/summary.json] [--out size.md [--append]]
 """
 
 from __future__ import annotations
@@ -138,7 +138,24 @@ def scaling_law_cells(summary: dict) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def report(crossover: Path, widths: Path | None, scaling_law: Path | None, baseline: str = "baseline") -> str:
+def report(crossover: Path | None, widths: Path | None, scaling_law: Path | None, baseline: str = "baseline") -> str:
+    """Markdown with bold titles, not headings, so a record page can show it verbatim."""
+    parts = [] if crossover is None else crossover_parts(crossover, widths, baseline)
+    if scaling_law is not None:
+        cells = scaling_law_cells(json.loads(Path(scaling_law).read_text()))
+        rec, base = cells[cells["arm"] == "recipe"], cells[cells["arm"] == "baseline"]
+        parts += ["**scaling_law's recorded cells, refitted jointly** (`python -m smallinit.experiments.records.crossover_size "
+                  "--scaling-law`): one L(N, D) law for both arms, shared E, α, β, each arm's A and B, over "
+                  f"{len(rec)} recipe cells ({rec['n'].nunique()} widths x {rec['d'].nunique()} budgets) and "
+                  f"{len(base)} baseline cells ({base['n'].nunique()} widths at the largest budget: the "
+                  "baseline's per-budget cells were not kept in the record, only its fit). With the baseline at one "
+                  "budget, its B is told apart from E only through the shared β. A law that misses an arm's cells by "
+                  "more than their seed spread does not describe that arm, and its N_eff/N is then not a reading.", "",
+                  sensitivity_table(cells, "baseline", "recipe"), ""]
+    return "\n".join(parts)
+
+
+def crossover_parts(crossover: Path, widths: Path | None, baseline: str) -> list[str]:
     from smallinit.experiments.fits.token_crossover import from_sweep
 
     rows = chosen_rows(crossover)
@@ -148,49 +165,45 @@ def report(crossover: Path, widths: Path | None, scaling_law: Path | None, basel
     recipe = next(a for a in arms if a != baseline)
     tc = from_sweep(crossover, baseline=baseline)
     verdicts = {int(g["tokens"]): g["verdict"] for g in (tc or {}).get("budgets", [])}
-    parts = [f"# The recipe's effective size at d = {int(rows['d_model'].iloc[0])}", ""]
+    width = int(rows["d_model"].iloc[0])
     if widths is None:
-        parts += ["Not measured yet: the baseline has not run at the neighbouring widths "
-                  "(`python sweep.py -m +experiment=crossover_widths`), so there is no curve to read N_eff off, "
-                  "and no bound either.", ""]
-    else:
-        w = chosen_rows(widths)
-        check_same_baseline(rows, w, baseline)
-        both = pd.concat([rows, w.assign(arm=baseline)], ignore_index=True)
-        parts += [f"## Off the baseline's measured widths ({recipe} against {baseline})", "",
-                  "Each budget at each width's own chosen lr; N_eff/N over the seeds' ln N_eff/N (t-interval) where "
-                  "every seed reads inside the measured widths, else a bound. Read it where the crossover verdict "
-                  "says the recipe is ahead; elsewhere it is the same gap in other units.", "",
-                  widths_table(width_readings(both, baseline, recipe), verdicts), "",
-                  "## One L(N, D) law for both arms over these cells", "",
-                  "Shared E, α, β; each arm's A and B (seed means per cell). E is weakly identified over the "
-                  "narrow range of N these widths span: the rows with E held show how far N_eff/N moves with it. "
-                  "A law that misses an arm's cells by more than their seed spread does not describe that arm.", "",
-                  sensitivity_table(cell_means(both), baseline, recipe), ""]
-    if scaling_law is not None:
-        cells = scaling_law_cells(json.loads(Path(scaling_law).read_text()))
-        parts += ["## scaling_law's recorded cells, refitted jointly", "",
-                  f"{int((cells['arm'] == 'recipe').sum())} recipe cells (4 widths x 3 budgets) and "
-                  f"{int((cells['arm'] == 'baseline').sum())} baseline cells (4 widths at the largest budget: its "
-                  "per-budget cells were not kept in the record, only its fit). With the baseline at one budget, its "
-                  "B is told apart from E only through the shared β. A law that misses an arm's cells by more than their "
-                  "seed spread does not describe that arm, and its N_eff/N is then not a reading.", "",
-                  sensitivity_table(cells, "baseline", "recipe"), ""]
-    return "\n".join(parts)
+        return [f"**The recipe's effective size at d = {width}**: not measured yet. The baseline has not run at the "
+                "neighbouring widths (`python sweep.py -m +experiment=crossover_widths`), so there is no curve to read "
+                "N_eff off, and no bound either.", ""]
+    w = chosen_rows(widths)
+    check_same_baseline(rows, w, baseline)
+    both = pd.concat([rows, w.assign(arm=baseline)], ignore_index=True)
+    return [f"**The recipe's effective size at d = {width}, off the baseline's measured widths** ({recipe} against "
+            f"{baseline}). Each budget at each width's own chosen lr; N_eff/N over the seeds' ln N_eff/N (t-interval) "
+            "where every seed reads inside the measured widths, else a bound. Read it where the crossover verdict says "
+            "the recipe is ahead; elsewhere it is the same gap in other units.", "",
+            widths_table(width_readings(both, baseline, recipe), verdicts), "",
+            "**One L(N, D) law for both arms over these cells**: shared E, α, β; each arm's A and B (seed means per "
+            "cell). E is weakly identified over the narrow range of N these widths span: the rows with E held show how "
+            "far N_eff/N moves with it. A law that misses an arm's cells by more than their seed spread does not "
+            "describe that arm.", "",
+            sensitivity_table(cell_means(both), baseline, recipe), ""]
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--crossover", type=Path, required=True, help="the crossover record's sweep folder")
+    ap.add_argument("--crossover", type=Path, help="the crossover record's sweep folder")
     ap.add_argument("--widths", type=Path, help="the crossover_widths sweep folder (baseline at other widths)")
     ap.add_argument("--scaling-law", type=Path, help="scaling_law's summary.json, to refit its cells jointly")
     ap.add_argument("--baseline", default="baseline", help="the baseline arm's name (param.arm)")
     ap.add_argument("--out", type=Path, help="also write the markdown here")
+    ap.add_argument("--append", action="store_true", help="add to --out after a blank line (a record's checks.md "
+                                                          "that another check wrote first)")
     args = ap.parse_args(argv)
+    if args.crossover is None and args.scaling_law is None:
+        ap.error("give --crossover (with --widths once it has run), --scaling-law, or both")
+    if args.widths is not None and args.crossover is None:
+        ap.error("--widths is read against --crossover's recipe: give --crossover too")
     text = report(args.crossover, args.widths, args.scaling_law, args.baseline)
     print(text)
     if args.out:
-        args.out.write_text(text + "\n")
+        before = args.out.read_text().rstrip("\n") + "\n\n" if args.append and args.out.is_file() else ""
+        args.out.write_text(before + text.rstrip("\n") + "\n")
     return 0
 
 
