@@ -117,3 +117,20 @@ def test_the_status_grid_names_each_rows_seeds_and_a_budget_fewer_seeds_reached(
     assert body[0] == ["baseline", "0.004", "1-2", "5.1000", "4.1000"]
     assert body[1] == ["small", "0.002", "1-2", "5.2000", "4.1000 (n=1)"]
     assert tc._seed_list([5, 1, 2, 3, 2]) == "1-3, 5"
+
+
+def test_docs_results_shows_the_records_gap_table_line_and_decision(tmp_path):
+    """docs/results.md's block for a per-budget record reads the summary the report wrote (through
+    JSON, as the committed file is read) and shows each budget's lrs, gap, interval and verdict."""
+    from smallinit.experiments.output.figures import Figures
+    from smallinit.experiments.records.results_budgets import token_crossover_lines
+    from smallinit.experiments.report.token_crossover_section import section
+
+    out = tc.analyse(rows(d_star=3e6, slope=-0.05), CHOSEN, "baseline", "small")
+    out.update(chosen=CHOSEN, tune=pd.DataFrame(columns=["arm", "lr", "budget_tokens", "loss"]))
+    _, summary = section(out, Figures(tmp_path))
+    text = "\n".join(token_crossover_lines(json.loads(json.dumps(summary, default=float))))
+    body = [r for r in text.splitlines() if r.startswith("| 8,388,608")]
+    assert len(body) == 1 and body[0].split(" | ")[1:3] == ["0.004", "0.004"] and body[0].endswith("| recipe ahead |")
+    assert f"Holm over the {len(BUDGETS) + 1} comparisons" in text and "(6 seeds): slope -0.049" in text
+    assert f"**Decision** (the rule fixed before the confirm seeds ran): {out['decision']}." in text

@@ -54,3 +54,23 @@ def _crossing(c: dict, name: str) -> str:
 
 def _g3(x) -> str:
     return "–" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{x:.3g}"
+
+
+def token_crossover_lines(tc: dict) -> list[str]:
+    """A per-budget record's gap at each budget, each arm at that budget's own lr, the line over
+    ln D and the decision (fits/token_crossover.py; the rule in docs/results/crossover/decision_rule.md)."""
+    line = tc.get("line")
+    out = [f"**The gap per budget.** Recipe ({tc['recipe']}) minus baseline ({tc['baseline']}), paired by confirm seed, "
+           f"each arm at the lr that budget chose on the tuning seed; Holm over the {tc['family_size']} comparisons "
+           f"(each budget's gap and the slope), α = {tc['alpha']:g} two-sided.", ""]
+    out += [_table(["budget [tokens]", "lr baseline", "lr recipe", "loss baseline", "loss recipe", "gap", "95% interval",
+                    "seeds", "sign-flip p", "Holm p", "verdict"],
+                   [[f"{g['tokens']:,}", f"{g['lr_baseline']:g}", f"{g['lr_recipe']:g}", _fmt(g["loss_baseline"]),
+                     _fmt(g["loss_recipe"]), f"{g['gap']:+.4f}", f"[{g['lo']:+.4f}, {g['hi']:+.4f}]", str(g["n"]),
+                     _g3(g["p_signflip"]), _g3(g["p_holm"]), g["verdict"]] for g in tc["budgets"]]), ""]
+    if line:
+        out += [f"**The line.** Per seed, gap = a + b (ln D − c) over the budgets ({line['n']} seeds): slope "
+                f"{line['b']:+.4f} [{line['b_ci'][0]:+.4f}, {line['b_ci'][1]:+.4f}] nats per e-fold of tokens; quadratic "
+                f"term {line['quad']:+.4f} [{line['quad_ci'][0]:+.4f}, {line['quad_ci'][1]:+.4f}].", ""]
+    out += [f"**Decision** (the rule fixed before the confirm seeds ran): {tc['decision']}.", ""]
+    return out

@@ -28,12 +28,13 @@ from smallinit.experiments.output.md_table import fmt as _fmt
 from smallinit.experiments.output.md_table import table as _table
 from smallinit.experiments.stats.valnoise import record_sentence
 
-from .results_budgets import budgets_lines
+from .results_budgets import budgets_lines, token_crossover_lines
 
 REPO = Path(__file__).resolve().parents[4]
 EXPERIMENTS = ("scaling_law", "width_trend", "gamma_scan", "eps_fix", "gate", "scaling", "moe", "anchor")
 # The figures each experiment is about (others stay in its full report).
 FIGURES = {
+    "crossover": ("crossover_gap", "crossover_lr"),
     "scaling_law": ("loss_vs_compute", "gap_map", "width_trend", "loss_vs_lr"),
     "width_trend": ("width_trend", "loss_vs_lr", "gap_over_training", "effective_size"),
     "gamma_scan": ("loss_vs_gamma_by_lr", "gap_over_training", "loss_vs_gamma", "token_gain", "condensation"),
@@ -181,6 +182,8 @@ def section(name: str, s: dict, reading: str | None, command: str | None = None,
                         for g in es.get("gains") or []]), ""]
     if es.get("fit") and "cells" in es:
         out += budgets_lines(es, s.get("crossover") or {})
+    if s.get("token_crossover"):
+        out += token_crossover_lines(s["token_crossover"])
     if checks:  # docs/results/<exp>/checks.md: the output of a check the record names, kept verbatim
         out += ["**Checks.**", "", checks.strip(), ""]
 
