@@ -214,8 +214,7 @@ def provenance(machine: dict[str, Any]) -> dict[str, Any]:
     flags), with the bench's own machine keys. Each entry carries its own, so a table of
     entries never has to guess which run one came from."""
     p = prov.record(REPO)
-    return {**p, "machine": {**p["machine"], **{k: machine.get(k) for k in ("hostname", "cpu_model", "cpu_count", "gpu", "torch")}},
-            "cpu_flags": p["machine"]["cpu_flags"], "loadavg": p["machine"]["loadavg"]}
+    return {**p, "machine": {**p["machine"], **{k: machine.get(k) for k in ("hostname", "cpu_model", "cpu_count", "gpu", "torch")}}}
 
 
 def _cpuinfo() -> tuple[str | None, set[str]]:

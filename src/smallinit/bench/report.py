@@ -5,7 +5,7 @@ results.json, written whole by one run:
      "benchmarks": {name: ({"ratio" (or values), "target": {"op", "value"} | null, "pass": bool | null,
                             "baseline": {...}, "measured": {...}, "repeats": n, ...}
                            | {"skipped": reason} | {"error": message})
-                          + {"provenance": {"commit", "uncommitted", "date", "machine", "cpu_flags"}}}}
+                          + {"provenance": core.provenance.record() with the bench's machine keys}}}
 Entries written before provenance was recorded carry only "machine" (a CPU count or GPU name)
 and "timestamp"; the tables say so instead of filling in what they lack.
 """
@@ -177,7 +177,7 @@ def provenance_rows(benchmarks: dict[str, dict]) -> list[list[str]]:
         m = p["machine"]
         where = f"{m['gpu']}, " if m.get("gpu") else ""
         where += f"{m.get('cpu_count')} CPUs ({m.get('cpu_model') or 'unknown model'}), torch {m.get('torch')}"
-        out.append([name, p["date"], commit, where, " ".join(p["cpu_flags"]) or "none of core.provenance.CPU_FLAGS"])
+        out.append([name, p["date"], commit, where, " ".join(m["cpu_flags"]) or "none of core.provenance.CPU_FLAGS"])
     return out
 
 
