@@ -134,3 +134,21 @@ def test_docs_results_shows_the_records_gap_table_line_and_decision(tmp_path):
     assert len(body) == 1 and body[0].split(" | ")[1:3] == ["0.004", "0.004"] and body[0].endswith("| recipe ahead |")
     assert f"Holm over the {len(BUDGETS) + 1} comparisons" in text and "(6 seeds): slope -0.049" in text
     assert f"**Decision** (the rule fixed before the confirm seeds ran): {out['decision']}." in text
+
+
+def test_a_gap_that_bends_is_said_to_make_the_line_an_approximation():
+    """Level up to the middle budget, then falling (the shape a late crossover gives): the per-seed
+    quadratic term is negative beyond its interval and the note says the line is an approximation."""
+    rng = np.random.default_rng(1)
+    out = []
+    for s in range(1, 7):
+        for b in BUDGETS:
+            x = math.log(b / BUDGETS[2])
+            gap = -0.05 * max(x, 0.0) + rng.normal(0, 0.005)
+            out.append(dict(arm="baseline", seed=s, lr=CHOSEN["baseline"][b], budget_tokens=b, loss=5.0))
+            out.append(dict(arm="small", seed=s, lr=CHOSEN["small"][b], budget_tokens=b, loss=5.0 + gap))
+    line = tc.analyse(pd.DataFrame(out), CHOSEN, "baseline", "small")["line"]
+    assert line.quad_ci[1] < 0
+    assert "falls faster at the larger budgets" in tc.curvature_note(line.quad, line.quad_ci)
+    straight = tc.analyse(rows(d_star=3e6, slope=-0.05), CHOSEN, "baseline", "small")["line"]
+    assert straight.quad_ci[0] < 0 < straight.quad_ci[1] and tc.curvature_note(straight.quad, straight.quad_ci) == ""

@@ -188,6 +188,17 @@ def analyse(rows: pd.DataFrame, chosen: dict[str, dict[int, float]], baseline: s
                 decision=decide(gaps, line))
 
 
+def curvature_note(quad: float, quad_ci) -> str:
+    """The decision rule's check on the line: a quadratic term whose interval excludes 0 means the
+    gap bends over ln D, so the line, and a D* read off it, is an approximation."""
+    lo, hi = quad_ci
+    if not (math.isfinite(lo) and math.isfinite(hi)) or lo <= 0 <= hi:
+        return ""
+    bend = "falls faster at the larger budgets" if quad < 0 else "rises faster at the larger budgets"
+    return (f"The quadratic term's interval excludes 0: the gap bends over ln D (it {bend}), so the line and any "
+            "D* read off it are an approximation; the gaps per budget are the measurement.")
+
+
 def gap_verdict(g: BudgetGap) -> str:
     if g.n < 2 or not math.isfinite(g.p_holm):
         return f"not decided: {g.n} paired seed(s)"

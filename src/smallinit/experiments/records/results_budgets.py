@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 
 from smallinit.experiments.fits.crossover import saddle_text
+from smallinit.experiments.fits.token_crossover import curvature_note
 from smallinit.experiments.output.md_table import fmt as _fmt
 from smallinit.experiments.output.md_table import table as _table
 
@@ -71,6 +72,7 @@ def token_crossover_lines(tc: dict) -> list[str]:
     if line:
         out += [f"**The line.** Per seed, gap = a + b (ln D − c) over the budgets ({line['n']} seeds): slope "
                 f"{line['b']:+.4f} [{line['b_ci'][0]:+.4f}, {line['b_ci'][1]:+.4f}] nats per e-fold of tokens; quadratic "
-                f"term {line['quad']:+.4f} [{line['quad_ci'][0]:+.4f}, {line['quad_ci'][1]:+.4f}].", ""]
+                f"term {line['quad']:+.4f} [{line['quad_ci'][0]:+.4f}, {line['quad_ci'][1]:+.4f}]. "
+                + curvature_note(line["quad"], line["quad_ci"]), ""]
     out += [f"**Decision** (the rule fixed before the confirm seeds ran): {tc['decision']}.", ""]
     return out

@@ -13,6 +13,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from smallinit.experiments.fits.token_crossover import curvature_note  # noqa: E402
 from smallinit.experiments.output.render import Block  # noqa: E402
 
 
@@ -85,6 +86,9 @@ def section(tc: dict, figs) -> tuple[list[Block], dict]:
                                  f"quadratic term {_f(line.quad)} [{_f(line.quad_ci[0])}, {_f(line.quad_ci[1])}]; "
                                  f"Fieller set for D*: {line.star_kind}"
                                  + (f" [{lo:.3g}, {hi:.3g}] tokens." if line.star_kind == "bounded" else ".")))
+        bend = curvature_note(line.quad, line.quad_ci)
+        if bend:
+            blocks.append(Block("p", bend))
     if tc["budgets"]:
         blocks.append(Block("figure", figs.save(gap_figure(tc), "crossover_gap",
                                                 "Gap against ln D: grey per-seed lines, red means with 95% intervals, "
