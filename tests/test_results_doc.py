@@ -120,6 +120,9 @@ def test_each_record_has_the_grid_of_the_command_it_names(experiment):
         tune = n * math.prod(lrs) * len(conf.tune_seeds)
         most = n * math.prod(k + 2 * conf.max_extensions for k in lrs) * len(conf.tune_seeds)
         confirm = n * len(conf.confirm_seeds)
+        if conf.per_budget:  # the confirm seeds run at every lr some budget chose, per setting
+            chosen = summary["token_crossover"]["chosen"]
+            confirm = len(conf.confirm_seeds) * sum(len(set(by_budget.values())) for by_budget in chosen.values())
         assert tune + confirm <= trials <= most + confirm, f"{experiment}: the record has {trials} trials"
         numbers = [x for c in summary["claims"] for x in c.get("numbers") or []]
         assert any(x.get("n_confirm") for x in numbers), f"{experiment}: no comparison on confirm seeds"
