@@ -79,6 +79,8 @@ def test_recipe_claim_pairs_recipe_and_baseline_per_size(tmp_path):
     c = claims_mod.recipe_claim(sweep, base, recipe, "final_val_loss")
     assert c.verdict == "supported" and len(c.numbers) == 4 and all(n["n"] == 3 for n in c.numbers)
     assert all(n["p_holm"] is not None and n["p_signflip"] == 0.25 for n in c.numbers)  # 3 pairs: 2/8 at best
+    # The claim names every size, dense and MoE: the reason says how much of that the record ran.
+    assert c.reason.endswith("; run at 4 sizes, dense only: the verdict reaches no further"), c.reason
     assert claims_mod.recipe_claim(sweep, None, recipe, "final_val_loss").verdict == "not run"
 
 

@@ -340,6 +340,10 @@ def recipe_claim(sweep: Sweep, base_variant: str | None, recipe: str | None, met
     c.decide(comps, A_LOWER)
     if not comps:
         c.reason = f"{recipe} and {base_variant} never ran at the same size"
+    elif "ffn" in df:  # the claim says "every size, dense and MoE": name how much of that was run
+        moe = df["ffn"] == "moe"
+        kinds = "dense and MoE" if moe.any() and not moe.all() else "MoE only" if moe.all() else "dense only"
+        c.reason += f"; run at {len(comps)} size{'s' if len(comps) != 1 else ''}, {kinds}: the verdict reaches no further"
     return c
 
 
