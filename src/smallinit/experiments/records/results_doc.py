@@ -31,7 +31,7 @@ from smallinit.experiments.stats.valnoise import record_sentence
 from .results_budgets import budgets_lines, token_crossover_lines
 
 REPO = Path(__file__).resolve().parents[4]
-EXPERIMENTS = ("scaling_law", "width_trend", "gamma_scan", "eps_fix", "gate", "scaling", "moe", "anchor")
+EXPERIMENTS = ("crossover", "scaling_law", "width_trend", "gamma_scan", "eps_fix", "gate", "scaling", "moe", "anchor")
 # The figures each experiment is about (others stay in its full report).
 FIGURES = {
     "crossover": ("crossover_gap", "crossover_lr"),
