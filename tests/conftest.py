@@ -43,7 +43,10 @@ def pytest_sessionfinish(session, exitstatus):
 
     from smallinit.core.provenance import record
 
-    stats = session.config.pluginmanager.get_plugin("terminalreporter").stats
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is None:  # no terminal (a pytest-xdist worker): the controlling session writes the record
+        return
+    stats = reporter.stats
     counts = {k: len(stats.get(k, [])) for k in ("passed", "failed", "skipped", "error", "xfailed", "xpassed")}
     counts["passed"] = sum(1 for r in stats.get("passed", []) if r.when == "call")
     path = Path(TEST_RECORD)

@@ -29,7 +29,11 @@ def _row(arm, d_model, n_nonembed, seed, lr, budget, loss, role="confirm", gamma
             "lr": lr, "budget_tokens": budget, "final_val_loss": loss, "d_model": d_model,
             "n_params": n_nonembed + 2 * VOCAB * d_model, "train_seed": seed, "config/model.vocab_size": VOCAB,
             "config/model.tie_embeddings": False, "gamma": gamma, "eps": 1e-5, "gate": "none", "norm": "rmsnorm",
-            "n_layers": 4}
+            "n_layers": 4, "ffn": "dense", "dtype": "fp32", "config/model.n_heads": 2, "config/optim.schedule": "wsd",
+            "config/optim.warmup_frac": 0.0125, "config/optim.weight_decay": 0.1, "config/train.batch_size": 8,
+            "config/train.seq_len": 128, "config/train.cooldown_frac": 0.2, "config/train.eval_tokens": 65536,
+            "config/data.task": "lm", "config/data.corpus": "bilingual", "config/data.vocab_size": VOCAB,
+            "config/data.val_fraction": 0.05, "config/data.split_seed": 0}
 
 
 def _write(folder: Path, rows: list[dict], choices: list[dict], drop_arm: bool = False) -> Path:
@@ -87,9 +91,16 @@ def test_a_known_ratio_is_read_off_the_widths_at_every_budget_and_the_joint_law_
     assert float(free.split(" | ")[6]) == pytest.approx(RATIO, rel=0.1)
 
 
-def test_a_widths_sweep_of_another_arm_is_refused(tmp_path):
+def test_a_widths_sweep_of_another_arm_or_schedule_is_refused(tmp_path):
     c, w = sweeps(tmp_path, widths_gamma=1.0)
     with pytest.raises(SystemExit, match="gamma"):
+        main(["--crossover", str(c), "--widths", str(w)])
+    table = pd.read_parquet(w / "results.parquet")
+    table.assign(gamma=0.5, **{"config/optim.warmup_frac": 0.05}).to_parquet(w / "results.parquet")
+    with pytest.raises(SystemExit, match="warmup_frac"):
+        main(["--crossover", str(c), "--widths", str(w)])
+    table.assign(gamma=0.5).drop(columns="config/train.eval_tokens").to_parquet(w / "results.parquet")
+    with pytest.raises(SystemExit, match="eval_tokens is not in both"):
         main(["--crossover", str(c), "--widths", str(w)])
 
 

@@ -134,6 +134,12 @@ def test_docs_results_shows_the_records_gap_table_line_and_decision(tmp_path):
     assert len(body) == 1 and body[0].split(" | ")[1:3] == ["0.004", "0.004"] and body[0].endswith("| recipe ahead |")
     assert f"Holm over the {len(BUDGETS) + 1} comparisons" in text and "(6 seeds): slope -0.049" in text
     assert f"**Decision** (the rule fixed before the confirm seeds ran): {out['decision']}." in text
+    # A budget with one seed has no interval: summary.json holds null there, and the page says "–".
+    one = json.loads(json.dumps(summary, default=float).replace("NaN", "null"))
+    one["budgets"][0].update(gap=None, lo=None, hi=None, p_signflip=None, p_holm=None, n=1)
+    one["line"]["quad_ci"] = [None, None]
+    text = "\n".join(token_crossover_lines(one))
+    assert "| 524,288 | 0.016 | 0.004 |" in text and "| – | [–, –] | 1 |" in text and "term " in text
 
 
 def test_a_gap_that_bends_is_said_to_make_the_line_an_approximation():
@@ -149,6 +155,6 @@ def test_a_gap_that_bends_is_said_to_make_the_line_an_approximation():
             out.append(dict(arm="small", seed=s, lr=CHOSEN["small"][b], budget_tokens=b, loss=5.0 + gap))
     line = tc.analyse(pd.DataFrame(out), CHOSEN, "baseline", "small")["line"]
     assert line.quad_ci[1] < 0
-    assert "falls faster at the larger budgets" in tc.curvature_note(line.quad, line.quad_ci)
+    assert "its slope falls as D grows" in tc.curvature_note(line.quad, line.quad_ci)
     straight = tc.analyse(rows(d_star=3e6, slope=-0.05), CHOSEN, "baseline", "small")["line"]
     assert straight.quad_ci[0] < 0 < straight.quad_ci[1] and tc.curvature_note(straight.quad, straight.quad_ci) == ""

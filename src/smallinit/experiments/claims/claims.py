@@ -329,19 +329,20 @@ def recipe_claim(sweep: Sweep, base_variant: str | None, recipe: str | None, met
         c.reason = (f"the record does not contrast the recipe with the baseline: {recipe} against {base_variant} "
                     f"differs {missing}; the claim is γ, eps and the gate changed together")
         return c
-    rows = []
+    rows, ran = [], []
     for size in df.sort_values("n_params")["size"].unique():
         a = df[(df["size"] == size) & (df["variant"] == recipe)]
         b = df[(df["size"] == size) & (df["variant"] == base_variant)]
         if a.empty or b.empty:
             continue
         rows.append((f"{size}: {recipe} vs {base_variant}", compare(a, b, metric, curve=LOSS_CURVE)))
+        ran += [a, b]
     comps = c.record_all(rows, A_LOWER)
     c.decide(comps, A_LOWER)
     if not comps:
         c.reason = f"{recipe} and {base_variant} never ran at the same size"
-    elif "ffn" in df:  # the claim says "every size, dense and MoE": name how much of that was run
-        moe = df["ffn"] == "moe"
+    elif "ffn" in df:  # the claim says "every size, dense and MoE": name how much of that was compared
+        moe = pd.concat(ran)["ffn"] == "moe"
         kinds = "dense and MoE" if moe.any() and not moe.all() else "MoE only" if moe.all() else "dense only"
         c.reason += f"; run at {len(comps)} size{'s' if len(comps) != 1 else ''}, {kinds}: the verdict reaches no further"
     return c

@@ -194,8 +194,8 @@ def curvature_note(quad: float, quad_ci) -> str:
     lo, hi = quad_ci
     if not (math.isfinite(lo) and math.isfinite(hi)) or lo <= 0 <= hi:
         return ""
-    bend = "falls faster at the larger budgets" if quad < 0 else "rises faster at the larger budgets"
-    return (f"The quadratic term's interval excludes 0: the gap bends over ln D (it {bend}), so the line and any "
+    bend = "falls" if quad < 0 else "rises"
+    return (f"The quadratic term's interval excludes 0: the gap bends over ln D (its slope {bend} as D grows), so the line and any "
             "D* read off it are an approximation; the gaps per budget are the measurement.")
 
 

@@ -34,8 +34,13 @@ from smallinit.experiments.fits.effective_width import effective_width
 from smallinit.experiments.fits.joint_fit import sensitivity
 
 LOSS = schema.FINAL_VAL_LOSS
-# What makes the widths sweep's baseline the crossover record's baseline at another width.
-SAME_ARM = ("gamma", "eps", "gate", "norm", "n_layers", "ffn", "dtype")
+# What makes the widths sweep's baseline the crossover record's baseline at another width: the arm
+# (γ, eps, gate, norm), the depth, heads and FFN, and everything that shapes its training and its
+# evaluation (schedule, warmup, batch, weight decay, cooldown, held-out tokens, corpus).
+SAME_ARM = ("gamma", "eps", "gate", "norm", "n_layers", "ffn", "dtype", "config/model.n_heads", "config/optim.schedule",
+            "config/optim.warmup_frac", "config/optim.weight_decay", "config/train.batch_size", "config/train.seq_len",
+            "config/train.cooldown_frac", "config/train.eval_tokens", "config/data.task", "config/data.corpus",
+            "config/data.vocab_size", "config/data.val_fraction", "config/data.split_seed")
 E_VALUES = (0.0, 1.0, 2.0, 3.0)
 
 
@@ -74,14 +79,16 @@ def chosen_rows(sweep: Path) -> pd.DataFrame:
 
 
 def check_same_baseline(crossover: pd.DataFrame, widths: pd.DataFrame, baseline: str) -> None:
-    """The widths sweep must train the crossover's baseline arm (same γ, eps, gate, norm, depth)."""
+    """The widths sweep must train the crossover's baseline arm, the same way, at other widths."""
     ours = crossover[crossover["arm"] == baseline]
     for key in SAME_ARM:
-        if key in ours and key in widths:
-            a, b = set(ours[key].astype(str)), set(widths[key].astype(str))
-            if a != b:
-                raise SystemExit(f"error: the widths sweep's {key}={sorted(b)} is not the crossover baseline's "
-                                 f"{sorted(a)}: it must train the same arm at other widths")
+        if key not in ours or key not in widths:
+            raise SystemExit(f"error: {key} is not in both results tables: the widths sweep cannot be shown to train "
+                             "the crossover's baseline the same way")
+        a, b = set(ours[key].astype(str)), set(widths[key].astype(str))
+        if a != b:
+            raise SystemExit(f"error: the widths sweep's {key}={sorted(b)} is not the crossover baseline's "
+                             f"{sorted(a)}: it must train the same arm, the same way, at other widths")
 
 
 def width_readings(rows: pd.DataFrame, baseline: str, recipe: str) -> list[dict]:
@@ -114,8 +121,8 @@ def cell_means(rows: pd.DataFrame) -> pd.DataFrame:
 def sensitivity_table(cells: pd.DataFrame, baseline: str, recipe: str) -> str:
     s = sensitivity(cells[["arm", "n", "d", "loss"]], baseline, recipe, E_VALUES)
     rows = [["free" if not r.e_fixed else "held", f"{r.E:.3f}", f"{r.alpha:.3f}", f"{r.beta:.3f}",
-             f"{getattr(r, f'rms_{baseline}'):.4f}", f"{getattr(r, f'rms_{recipe}'):.4f}", f"{r.n_ratio:.3g}", f"{r.d_ratio:.3g}"]
-            for r in s.itertuples()]
+             f"{r[f'rms_{baseline}']:.4f}", f"{r[f'rms_{recipe}']:.4f}", f"{r.n_ratio:.3g}", f"{r.d_ratio:.3g}"]
+            for _, r in s.iterrows()]
     return md_table(["E", "E [nats]", "α", "β", f"rms miss, {baseline}", f"rms miss, {recipe}", "N_eff/N", "D_eff/D"], rows)
 
 

@@ -53,6 +53,15 @@ def _crossing(c: dict, name: str) -> str:
     return f"{name} = {_g3(c['point'])} [{_g3(c['lo'])}, {_g3(c['hi'])}] ({'; '.join(flags)})"
 
 
+def _s4(x) -> str:
+    """A signed gap to 4 places; "–" where the summary holds none (JSON null for NaN)."""
+    return "–" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{x:+.4f}"
+
+
+def _lr(x) -> str:
+    return "–" if x is None else f"{x:g}"
+
+
 def _g3(x) -> str:
     return "–" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{x:.3g}"
 
@@ -66,13 +75,14 @@ def token_crossover_lines(tc: dict) -> list[str]:
            f"(each budget's gap and the slope), α = {tc['alpha']:g} two-sided.", ""]
     out += [_table(["budget [tokens]", "lr baseline", "lr recipe", "loss baseline", "loss recipe", "gap", "95% interval",
                     "seeds", "sign-flip p", "Holm p", "verdict"],
-                   [[f"{g['tokens']:,}", f"{g['lr_baseline']:g}", f"{g['lr_recipe']:g}", _fmt(g["loss_baseline"]),
-                     _fmt(g["loss_recipe"]), f"{g['gap']:+.4f}", f"[{g['lo']:+.4f}, {g['hi']:+.4f}]", str(g["n"]),
+                   [[f"{g['tokens']:,}", _lr(g["lr_baseline"]), _lr(g["lr_recipe"]), _fmt(g["loss_baseline"]),
+                     _fmt(g["loss_recipe"]), _s4(g["gap"]), f"[{_s4(g['lo'])}, {_s4(g['hi'])}]", str(g["n"]),
                      _g3(g["p_signflip"]), _g3(g["p_holm"]), g["verdict"]] for g in tc["budgets"]]), ""]
     if line:
+        quad_ci = [math.nan if x is None else x for x in line["quad_ci"]]
         out += [f"**The line.** Per seed, gap = a + b (ln D − c) over the budgets ({line['n']} seeds): slope "
-                f"{line['b']:+.4f} [{line['b_ci'][0]:+.4f}, {line['b_ci'][1]:+.4f}] nats per e-fold of tokens; quadratic "
-                f"term {line['quad']:+.4f} [{line['quad_ci'][0]:+.4f}, {line['quad_ci'][1]:+.4f}]. "
-                + curvature_note(line["quad"], line["quad_ci"]), ""]
+                f"{_s4(line['b'])} [{_s4(line['b_ci'][0])}, {_s4(line['b_ci'][1])}] nats per e-fold of tokens; quadratic "
+                f"term {_s4(line['quad'])} [{_s4(quad_ci[0])}, {_s4(quad_ci[1])}]. "
+                + curvature_note(line["quad"] if line["quad"] is not None else math.nan, quad_ci), ""]
     out += [f"**Decision** (the rule fixed before the confirm seeds ran): {tc['decision']}.", ""]
     return out

@@ -94,7 +94,10 @@ def arm_difference(pairs: pd.DataFrame, baseline: str) -> str | None:
     other = next(a for a in arms.unique() if a != baseline)
     rows = []
     for budget, g in pairs.assign(_arm=arms).groupby("budget"):
-        cost = g.pivot_table(index="train_seed", columns="_arm", values="diff").dropna()
+        if g.duplicated(["train_seed", "_arm"]).any():  # two cosine runs of one seed would be averaged unseen
+            raise SystemExit(f"error: budget {budget:,} pairs one seed of one arm more than once: the sweeps hold "
+                             "two runs of the same trial")
+        cost = g.pivot(index="train_seed", columns="_arm", values="diff").dropna()
         if len(cost) < 2 or cost.shape[1] != 2:
             continue
         d = (cost[other] - cost[baseline]).to_numpy()
