@@ -129,5 +129,7 @@ def test_scaling_law_alone_appends_its_refit_to_a_records_checks(tmp_path, capsy
     text = checks.read_text()
     assert text.startswith("the WSD check's table\n\n**scaling_law's recorded cells, refitted jointly**")
     assert "12 recipe cells (4 widths x 3 budgets) and 4 baseline cells" in text and text.count("| held |") == 4
+    # The rms misses are read against the seed spread the summary keeps (the largest budget's cells).
+    assert "Seed sd per cell (median [range]): baseline 0.0114 [0.0027, 0.0141] over 4 of 4 cells; recipe" in text
     with pytest.raises(SystemExit):
         main(["--widths", str(tmp_path)])

@@ -114,8 +114,8 @@ def widths_table(readings: list[dict], verdicts: dict[int, str]) -> str:
 
 def cell_means(rows: pd.DataFrame) -> pd.DataFrame:
     """Seed means per (arm, n, budget): the cells a law is fitted to."""
-    return (rows.groupby(["arm", "n", "budget"])["loss"].agg(["mean", "count"]).reset_index()
-            .rename(columns={"budget": "d", "mean": "loss", "count": "seeds"}))
+    return (rows.groupby(["arm", "n", "budget"])["loss"].agg(["mean", "count", "std"]).reset_index()
+            .rename(columns={"budget": "d", "mean": "loss", "count": "seeds", "std": "sd"}))
 
 
 def sensitivity_table(cells: pd.DataFrame, baseline: str, recipe: str) -> str:
@@ -123,7 +123,19 @@ def sensitivity_table(cells: pd.DataFrame, baseline: str, recipe: str) -> str:
     rows = [["free" if not r.e_fixed else "held", f"{r.E:.3f}", f"{r.alpha:.3f}", f"{r.beta:.3f}",
              f"{r[f'rms_{baseline}']:.4f}", f"{r[f'rms_{recipe}']:.4f}", f"{r.n_ratio:.3g}", f"{r.d_ratio:.3g}"]
             for _, r in s.iterrows()]
-    return md_table(["E", "E [nats]", "α", "β", f"rms miss, {baseline}", f"rms miss, {recipe}", "N_eff/N", "D_eff/D"], rows)
+    table = md_table(["E", "E [nats]", "α", "β", f"rms miss, {baseline}", f"rms miss, {recipe}", "N_eff/N", "D_eff/D"], rows)
+    return table + "\n\n" + spread_line(cells, (baseline, recipe))
+
+
+def spread_line(cells: pd.DataFrame, arms) -> str:
+    """The seed spread the rms misses are read against: each arm's per-cell seed sd (median and
+    range over the cells that record one)."""
+    parts = []
+    for arm in arms:
+        sd = cells.loc[cells["arm"] == arm, "sd"].dropna() if "sd" in cells else pd.Series(dtype=float)
+        parts.append(f"{arm} {sd.median():.4f} [{sd.min():.4f}, {sd.max():.4f}] over {len(sd)} of "
+                     f"{int((cells['arm'] == arm).sum())} cells" if len(sd) else f"{arm}: none recorded")
+    return "Seed sd per cell (median [range]): " + "; ".join(parts) + "."
 
 
 def scaling_law_cells(summary: dict) -> pd.DataFrame:
@@ -135,13 +147,18 @@ def scaling_law_cells(summary: dict) -> pd.DataFrame:
     n_of = {p["d_model"]: {"baseline": float(non_embedding_params(p["n_params_baseline"], p["d_model"], vocab, tie)),
                            "recipe": float(non_embedding_params(p["n_params_recipe"], p["d_model"], vocab, tie))}
             for p in points}
-    rows = [dict(arm="recipe", n=n_of[int(c["d_model"])]["recipe"], d=float(c["budget_tokens"]), loss=c["loss"], seeds=c["seeds"])
-            for c in es["cells"]]
     largest = max(float(c["budget_tokens"]) for c in es["cells"])
     d_of = {p["size"]: p["d_model"] for p in points}
+    # The seed sd the summary keeps: the largest budget's cells, by size and arm ("cells").
+    sd = {(d_of.get(c["size"]), "recipe" if c["gamma"] == 1 and "elementwise" in c["setting"] else "baseline"
+           if c["gamma"] == 0.5 and "gate=none" in c["setting"] else None): c["sd"] for c in summary.get("cells", [])}
+    rows = [dict(arm="recipe", n=n_of[int(c["d_model"])]["recipe"], d=float(c["budget_tokens"]), loss=c["loss"],
+                 seeds=c["seeds"], sd=sd.get((int(c["d_model"]), "recipe")) if float(c["budget_tokens"]) == largest else None)
+            for c in es["cells"]]
     for c in summary["budget"]["below_unigram"]:
         if c["variant"] == es["baseline"] and c["size"] in d_of:
-            rows.append(dict(arm="baseline", n=n_of[d_of[c["size"]]]["baseline"], d=largest, loss=c["loss"], seeds=c["seeds"]))
+            rows.append(dict(arm="baseline", n=n_of[d_of[c["size"]]]["baseline"], d=largest, loss=c["loss"],
+                             seeds=c["seeds"], sd=sd.get((d_of[c["size"]], "baseline"))))
     return pd.DataFrame(rows)
 
 
