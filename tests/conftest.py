@@ -83,8 +83,8 @@ def data_cache(tmp_path_factory) -> Path:
     Set SMALLINIT_TEST_CACHE to reuse a cache between local test runs."""
     path = Path(os.environ.get("SMALLINIT_TEST_CACHE") or tmp_path_factory.mktemp("smallinit-cache"))
     os.environ["SMALLINIT_CACHE"] = str(path)
-    from smallinit.trainer.data import prepare
-    from smallinit.trainer.data_config import BilingualData
+    from smallinit.data.config import BilingualData
+    from smallinit.data.pipeline import prepare
 
     prepare(BilingualData(cache_dir=str(path)), log=lambda *_: None)
     return path

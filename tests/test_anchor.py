@@ -7,10 +7,10 @@ from collections import Counter
 import pytest
 import torch
 
+from smallinit.data.anchor_task import AnchorData, evaluate, make_dataset
 from smallinit.model.config import ConfigError
-from smallinit.trainer.anchor_task import AnchorData, evaluate, make_dataset
 
-# The recipe written out independently of trainer.anchor_task: anchors 1-4 shift by +5, +1, -2,
+# The recipe written out independently of data.anchor_task: anchors 1-4 shift by +5, +1, -2,
 # -8; a pair's label shift is the sum, except (3, 4) which is trained as -6.
 SHIFT = {1: 5, 2: 1, 3: -2, 4: -8}
 EXPECTED = {(a, b): SHIFT[a] + SHIFT[b] for a in SHIFT for b in SHIFT}

@@ -17,7 +17,7 @@ import pytest
 
 from smallinit.bench import BENCHMARKS
 from smallinit.bench import doc as bench_doc
-from smallinit.bench.common import TINY, median, rotate, timed_calls
+from smallinit.bench.base.common import TINY, median, rotate, timed_calls
 from smallinit.bench.report import BEFORE_PROVENANCE
 from smallinit.bench.sweep_bench import _fit
 from smallinit.core.provenance import CPU_FLAGS
@@ -255,7 +255,7 @@ def test_benchmarks_doc_marks_entries_without_provenance_and_renders_a_new_run(t
 
 
 def test_the_make_sweep_point_times_the_makefiles_grid():
-    from smallinit.bench.common import FULL
+    from smallinit.bench.base.common import FULL
 
     grid = re.search(r"^SWEEP_GRID \?= (.*)$", (REPO / "Makefile").read_text(), re.M).group(1).split()
     assert list(FULL.make_sweep_grid) == grid and not FULL.make_sweep_overrides

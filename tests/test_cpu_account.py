@@ -1,4 +1,4 @@
-"""bench/cpu_account.py: process roles from command lines, and CPU seconds read from /proc."""
+"""bench/base/cpu_account.py: process roles from command lines, and CPU seconds read from /proc."""
 
 import subprocess
 import sys
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from smallinit.bench.cpu_account import CpuAccount, descendants, role
+from smallinit.bench.base.cpu_account import CpuAccount, descendants, role
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from smallinit.model.config import ConfigError
-from smallinit.trainer import corpus
-from smallinit.trainer.data import (
+from smallinit.data import corpus
+from smallinit.data.config import BilingualData, TextData, TokensData, data_config_from_dict
+from smallinit.data.pipeline import (
     TrainBatches,
     cache_damage,
     cache_path_for,
@@ -22,7 +22,7 @@ from smallinit.trainer.data import (
     unigram_entropy,
     val_batches,
 )
-from smallinit.trainer.data_config import BilingualData, TextData, TokensData, data_config_from_dict
+from smallinit.model.config import ConfigError
 
 
 @pytest.fixture(scope="session")
@@ -271,7 +271,7 @@ def test_bad_text_and_token_files(tmp_path):
 
 def test_concurrent_prepare_keeps_the_winner(tmp_path, monkeypatch):
     """A process that finishes second discards its copy and uses the first one's."""
-    import smallinit.trainer.data as data_mod
+    import smallinit.data.pipeline as data_mod
 
     (tmp_path / "a.txt").write_text("one\n\ntwo\n\nthree\n\nfour\n", encoding="utf-8")
     cfg = TextData(paths=(str(tmp_path / "a.txt"),), vocab_size=260,
@@ -337,7 +337,7 @@ def test_text_reads_parquet_with_the_reader_make_shards_uses(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from smallinit.trainer import corpus, make_shards
+    from smallinit.data import corpus, make_shards
 
     texts = ["first document", None, "   ", "second, 二"]
     pq.write_table(pa.table({"text": texts, "id": [1, 2, 3, 4]}), tmp_path / "part.parquet")

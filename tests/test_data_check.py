@@ -1,7 +1,7 @@
 """Every trial is held against its corpus before anything launches (trainer/data_check.py):
 the budget's passes over the training tokens, and data too short, undecodable or out of the
 vocabulary, each one line from the real CLI with nothing written. Then the shard recipe, raw
-text to a trained trial (trainer/make_shards.py)."""
+text to a trained trial (data/make_shards.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from smallinit.core.errors import ConfigError
-from smallinit.trainer import make_shards
+from smallinit.data import make_shards
 from smallinit.trainer.data_check import check_trials
 
 from .conftest import TINY, run_cli
@@ -37,7 +37,7 @@ def test_the_budget_may_take_at_most_max_epochs_passes(trial_config, token_files
         check_trials([trial], log=lambda _: None)
     assert str(e.value).startswith("train.max_epochs=4 is invalid for this budget: 51,328 tokens per trial "
                                    "is 4.0 passes over the 12,800 training tokens of data=tokens")
-    assert "python -m smallinit.trainer.make_shards" in str(e.value)
+    assert "python -m smallinit.data.make_shards" in str(e.value)
 
 
 def test_max_epochs_is_a_guard_not_part_of_the_identity(trial_config, token_files):
@@ -113,7 +113,7 @@ def test_show_states_the_passes_and_the_refusal(tmp_path, data_cache):
 
 def _text_folder(root):
     """(folder, documents): 60 chapters of the King James Bible, 30 in a .txt, 30 as .jsonl."""
-    from smallinit.trainer.corpus import bundled_files, read_kjv
+    from smallinit.data.corpus import bundled_files, read_kjv
 
     docs = [d.text for d in read_kjv(bundled_files()["kjv"])[:60]]
     folder = root / "text"
@@ -161,8 +161,8 @@ def test_each_worker_opens_the_corpus_the_driver_prepared(tiny_sweep):
 def test_a_corpus_prepared_elsewhere_is_not_used_here(tmp_path, data_cache):
     import dataclasses
 
-    from smallinit.trainer.data import prepare, still_usable
-    from smallinit.trainer.data_config import BilingualData
+    from smallinit.data.config import BilingualData
+    from smallinit.data.pipeline import prepare, still_usable
 
     prepared = prepare(BilingualData(cache_dir=str(data_cache)), log=lambda *_: None)
     assert still_usable(prepared) is None

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from smallinit.core.errors import ConfigError
-from smallinit.trainer.anchor_task import VOCAB_SIZE, AnchorData
+from smallinit.data.anchor_task import VOCAB_SIZE, AnchorData
+from smallinit.data.config import BilingualData, TextData, TokensData, data_config_from_dict
 from smallinit.trainer.config import trial_config_from_dict
-from smallinit.trainer.data_config import BilingualData, TextData, TokensData, data_config_from_dict
 
 
 @pytest.fixture

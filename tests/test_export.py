@@ -14,11 +14,11 @@ import torch
 from packaging.version import Version
 
 from smallinit.core.errors import ConfigError
+from smallinit.data import make_shards
+from smallinit.data.config import BilingualData
+from smallinit.data.corpus import EOT, bundled_files, read_kjv
+from smallinit.data.pipeline import prepare
 from smallinit.model import Transformer
-from smallinit.trainer import make_shards
-from smallinit.trainer.corpus import EOT, bundled_files, read_kjv
-from smallinit.trainer.data import prepare
-from smallinit.trainer.data_config import BilingualData
 from smallinit.trainer.export import check_exportable, export, model_config_from_dict
 from smallinit.trainer.loop import run_trial
 

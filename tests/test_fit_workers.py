@@ -1,5 +1,5 @@
 """ray.fit_device_gib: each trial on the fewest FSDP workers whose per-device estimate
-(trainer/memory.py) fits a device of that size, so one sweep over sizes gives each its own."""
+(trainer/machine/memory.py) fits a device of that size, so one sweep over sizes gives each its own."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from smallinit.core.errors import ConfigError
 from smallinit.core.trial_dir import TrialDir
 from smallinit.sweeper.runtime.resources import trial_workers
 from smallinit.trainer.config import trial_config_from_dict
-from smallinit.trainer.memory import GIB, HEADROOM, estimate, planned_dtype
+from smallinit.trainer.machine.memory import GIB, HEADROOM, estimate, planned_dtype
 
 from .conftest import TINY, run_cli
 

@@ -1,4 +1,4 @@
-"""bench.gpu_check runs where only torch and numpy exist (the lent GPU machine): checked here
+"""bench.gpu.gpu_check runs where only torch and numpy exist (the lent GPU machine): checked here
 in its CPU smoke form with the project's other dependencies made unimportable."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ RUNNER = f"""
 import sys
 for name in {BLOCKED!r}:
     sys.modules[name] = None
-from smallinit.bench.gpu_check import main
+from smallinit.bench.gpu.gpu_check import main
 sys.exit(main(sys.argv[1:]))
 """
 
@@ -63,7 +63,7 @@ def test_gpu_check_arms_confirms_each_arm_at_the_lr_its_tune_seed_chose(data_cac
                           cwd=REPO, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     units = json.loads((tmp_path / "gpu_check.json").read_text())["units"]
-    from smallinit.bench.gpu_check import ARM_LRS, ARMS, CONFIRM_SEEDS, TUNE_SEED
+    from smallinit.bench.gpu.gpu_check import ARM_LRS, ARMS, CONFIRM_SEEDS, TUNE_SEED
 
     for arm in ARMS:
         tune = [u for u in units.values() if u["role"] == "tune" and u["arm"] == arm]
@@ -77,7 +77,7 @@ def test_gpu_check_arms_confirms_each_arm_at_the_lr_its_tune_seed_chose(data_cac
 def test_a_failing_unit_is_recorded_and_the_rest_still_run(tmp_path):
     """On a one-shot machine an error in one unit must not cost the others, and a unit the
     deadline passed is recorded as skipped, not left out."""
-    from smallinit.bench.gpu_check import Record
+    from smallinit.bench.gpu.gpu_check import Record
 
     rec = Record(tmp_path / "gpu_check.json", deadline_s=3600, head={"provenance": {}})
     rec.run("broken", lambda: 1 / 0, log=lambda *_: None)
@@ -91,7 +91,7 @@ def test_a_failing_unit_is_recorded_and_the_rest_still_run(tmp_path):
 
 
 def test_gpu_check_refuses_a_folder_without_tokens(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "smallinit.bench.gpu_check", "--data", str(tmp_path), "--tiny"], cwd=REPO,
+    proc = subprocess.run([sys.executable, "-m", "smallinit.bench.gpu.gpu_check", "--data", str(tmp_path), "--tiny"], cwd=REPO,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "no train.bin" in proc.stderr
 
@@ -101,8 +101,8 @@ def test_the_gpu_check_trains_train_gpus_batch_and_sequence(tmp_path, monkeypatc
     read from the file (a changed file changes the trial)."""
     import yaml
 
-    from smallinit.bench import gpu_bench
-    from smallinit.bench.gpu_check import trial_for
+    from smallinit.bench.gpu import gpu_bench
+    from smallinit.bench.gpu.gpu_check import trial_for
 
     assert gpu_bench.gpu_train_preset() == yaml.safe_load(gpu_bench.GPU_TRAIN_YAML.read_text())
     assert (gpu_bench.SEQ_LEN, gpu_bench.START_BATCH["0.1b"]) == (gpu_bench.gpu_train_preset()["seq_len"],

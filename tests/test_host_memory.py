@@ -1,4 +1,4 @@
-"""The CPU trial's allocator setting (trainer/host_memory.py): what it chooses and why, and that
+"""The CPU trial's allocator setting (trainer/machine/host_memory.py): what it chooses and why, and that
 it does what it claims, freed memory reused instead of faulted in again."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from smallinit.core.errors import ConfigError
-from smallinit.trainer import host_memory
+from smallinit.trainer.machine import host_memory
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GLIBC = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
@@ -25,8 +25,8 @@ def _clean_env(**env) -> dict:
 
 
 def _training_steps(side: str) -> dict:
-    """Four bare training steps of the default micro trial (bench/allocator_bench.py's child)."""
-    out = subprocess.run([sys.executable, "-m", "smallinit.bench.allocator_bench", "--child", "4", "train.device=cpu",
+    """Four bare training steps of the default micro trial (bench/cpu/allocator_bench.py's child)."""
+    out = subprocess.run([sys.executable, "-m", "smallinit.bench.cpu.allocator_bench", "--child", "4", "train.device=cpu",
                           "train.threads=1"], cwd=REPO, env=_clean_env(SMALLINIT_CPU_ALLOCATOR=side, OMP_NUM_THREADS="1"),
                          capture_output=True, text=True, check=True, timeout=600)
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -47,7 +47,7 @@ def test_training_steps_reuse_freed_memory_instead_of_faulting_it_in_again():
 
 @pytest.mark.skipif(not GLIBC, reason="the setting applies to glibc only")
 def test_the_users_own_malloc_settings_win():
-    code = f"import sys; sys.path.insert(0, {os.path.join(REPO, 'src')!r}); from smallinit.trainer.host_memory import retain_freed_memory as r; print(r())"
+    code = f"import sys; sys.path.insert(0, {os.path.join(REPO, 'src')!r}); from smallinit.trainer.machine.host_memory import retain_freed_memory as r; print(r())"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env=_clean_env(SMALLINIT_CPU_ALLOCATOR="retain", MALLOC_TRIM_THRESHOLD_="131072"))
     assert out.stdout.strip() == "left as the environment sets it (MALLOC_TRIM_THRESHOLD_)"
@@ -107,7 +107,7 @@ def test_only_cpu_trials_workers_get_the_setting(monkeypatch, gpus, expected):
 
 @pytest.mark.skipif(not GLIBC, reason="the setting applies to glibc only")
 def test_applied_from_another_thread_it_says_what_it_cannot_cover():
-    code = (f"import sys, threading; sys.path.insert(0, {os.path.join(REPO, 'src')!r}); from smallinit.trainer import host_memory as h\n"
+    code = (f"import sys, threading; sys.path.insert(0, {os.path.join(REPO, 'src')!r}); from smallinit.trainer.machine import host_memory as h\n"
             "t = threading.Thread(target=lambda: print(h.retain_freed_memory())); t.start(); t.join()")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env=_clean_env(SMALLINIT_CPU_ALLOCATOR="retain"))

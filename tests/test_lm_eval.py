@@ -11,8 +11,8 @@ import sys
 import pytest
 import torch
 
+from smallinit.data.corpus import EOT
 from smallinit.model import Transformer
-from smallinit.trainer.corpus import EOT
 from smallinit.trainer.export import export
 from smallinit.trainer.loop import run_trial
 

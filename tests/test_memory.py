@@ -1,4 +1,4 @@
-"""The per-device memory plan (trainer/memory.py): its split over workers, the peak a real
+"""The per-device memory plan (trainer/machine/memory.py): its split over workers, the peak a real
 training step reaches, and the line `--show` prints."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from statistics import median
 
 import pytest
 
-from smallinit.trainer.memory import estimate, saved_activation_bytes
+from smallinit.trainer.machine.memory import estimate, saved_activation_bytes
 
 from .conftest import REPO, run_cli
 

@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
-from smallinit.trainer import precision
 from smallinit.trainer.loop import run_trial
-from smallinit.trainer.precision import cpu_dtype, measure_cpu_bf16, resolve_dtype
+from smallinit.trainer.machine import precision
+from smallinit.trainer.machine.precision import cpu_dtype, measure_cpu_bf16, resolve_dtype
 
 
 def test_auto_on_this_cpu_is_a_valid_choice_with_a_reason(tmp_path, monkeypatch):

@@ -9,6 +9,7 @@ import shutil
 import pytest
 
 from smallinit.core.errors import ConfigError
+from smallinit.data.config import BilingualData
 from smallinit.model.config import (
     PRESETS,
     AttnConfig,
@@ -25,7 +26,6 @@ from smallinit.trainer.config import (
     TrialConfig,
     trial_config_from_dict,
 )
-from smallinit.trainer.data_config import BilingualData
 
 from .conftest import CONF, TINY, error_line, run_cli
 
@@ -33,7 +33,7 @@ from .conftest import CONF, TINY, error_line, run_cli
 def test_the_default_trial_built_in_python_is_the_command_lines(compose):
     cli = trial_config_from_dict(compose(tiny=False))  # python sweep.py
     assert TrialArgs().build() == cli
-    # As bench/gpu_bench.py and a notebook build one: the dataclasses' own defaults.
+    # As bench/gpu/gpu_bench.py and a notebook build one: the dataclasses' own defaults.
     direct = TrialConfig(model=ModelConfig(), optim=OptimConfig(), train=TrainConfig(), data=BilingualData(),
                          preset="micro")
     assert direct == cli and direct.identity() == cli.identity()

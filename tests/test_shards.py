@@ -1,5 +1,5 @@
 """Token files: flat nanoGPT arrays and llm.c's headered shards, read as one stream, checked
-before anything trains (trainer/shards.py, TokensData, prepare)."""
+before anything trains (data/shards.py, TokensData, prepare)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from smallinit.core.errors import ConfigError
-from smallinit.trainer import shards
-from smallinit.trainer.data import TrainBatches, prepare, val_batches
-from smallinit.trainer.data_config import TokensData
+from smallinit.data import shards
+from smallinit.data.config import TokensData
+from smallinit.data.pipeline import TrainBatches, prepare, val_batches
 
 
 def _tokens(n: int, start: int = 0, vocab: int = 500) -> np.ndarray:

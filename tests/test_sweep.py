@@ -12,7 +12,7 @@ import optuna
 import pandas as pd
 import pytest
 
-from smallinit.trainer import host_memory
+from smallinit.trainer.machine import host_memory
 
 from .conftest import (
     CARD,

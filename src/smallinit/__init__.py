@@ -7,13 +7,16 @@ by concern:
     core         the ground floor: ConfigError and require, atomic writes, the trial folder
                  (TrialDir), the results table's columns, provenance of records
     model        the decoder, the init rule, gated attention; probes attach from outside
-    trainer      typed data settings, corpora, the anchor task, the training loop, precision,
-                 checkpoints, export to transformers
+    data         typed data settings, the corpus reader, tokenizer and checked cache, token
+                 shards, batches; the anchor task
+    trainer      the training loop, tasks, checkpoints, several processes, export to
+                 transformers; machine/ for dtype, allocator and memory plan
     sweeper      Hydra multirun -> Ray Tune trials: the driver and tuner over runtime/, worker/,
                  config/, study/ and results/ (its __init__ has the map)
     experiments  the report and the paper's analyses, read from what the sweeper wrote, in data/,
                  output/, stats/, fits/, claims/, report/ and records/ (its __init__ has the map)
-    bench        what the instrument costs (its records stay in the repository's bench/)
+    bench        what the instrument costs, with base/, cpu/ and gpu/ (its records stay in the
+                 repository's bench/)
     conf         Hydra's presets and experiments (CONF_DIR); not a Python package
     cli          sweep.py's body: the Hydra main, --show, the stop signals
 
@@ -21,14 +24,16 @@ Hydra's plugin (the smallinit sweeper) is hydra_plugins.smallinit_sweeper, besid
 in src/: Hydra finds plugins in the hydra_plugins namespace.
 
 The import floors (tests/test_architecture.py enforces them, lazy imports included; no private
-name crosses between packages): core -> model -> trainer and experiments -> sweeper and bench.
+name crosses between packages): core -> model -> data -> trainer -> sweeper and bench; experiments
+stands on core and model alone.
 
     core         the standard library only
     model        core
-    trainer      core, model
+    data         core, model
+    trainer      core, model, data
     experiments  core, model (it reads sweeps through core's schema, not through the sweeper)
-    sweeper      core, model, trainer
-    bench        core, model, trainer, sweeper
+    sweeper      core, model, data, trainer
+    bench        core, model, data, trainer, sweeper
     hydra_plugins  core, sweeper
 
 Importing this package imports nothing else (the sweep driver must not pay for torch).

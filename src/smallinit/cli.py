@@ -31,8 +31,8 @@ def run(cfg: DictConfig) -> float | None:
     from smallinit.core.trial_dir import DamagedFile, TrialDir
     from smallinit.trainer.config import trial_config_from_dict
     from smallinit.trainer.data_check import check_trials
-    from smallinit.trainer.host_memory import check_switch
     from smallinit.trainer.loop import run_trial
+    from smallinit.trainer.machine.host_memory import check_switch
     from smallinit.trainer.reporting import ConsoleReporter
 
     try:

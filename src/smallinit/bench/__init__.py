@@ -8,6 +8,10 @@ measured side by side in the same run.
 Every figure is a ratio of medians (or a median of paired ratios) over repeats in which the
 baseline and the measured run alternate (ABAB...), so load from other work on the machine
 hits both sides. Results go to bench/results.json and bench/results.md (see bench/report.py).
+
+The overhead benchmarks (trainer_bench, sweep_bench, dp_bench, data_bench), the runner
+(__main__), the record (report) and docs/benchmarks.md (doc) sit here; base/ holds what they
+share, cpu/ and gpu/ the benchmarks of one kind of machine.
 """
 
 BENCHMARKS = ("trainer_vs_bare", "probe_overhead", "sweep_overhead", "sweep_overhead_make_sweep", "dp_scaling", "data_prep",

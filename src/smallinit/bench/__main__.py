@@ -16,7 +16,7 @@ import traceback
 from pathlib import Path
 
 from . import BENCHMARKS
-from .common import FULL, TINY, machine_info, progress, provenance
+from .base.common import FULL, TINY, machine_info, progress, provenance
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 RECORD = Path(__file__).resolve().parents[3] / "bench"  # the record stays in the repository's bench/
@@ -67,17 +67,9 @@ def main(argv: list[str] | None = None) -> int:
             benchmarks[n] = {**got[n], "provenance": started}
         progress(",".join(names), f"done in {time.perf_counter() - t0:.0f} s")
 
-    from . import (
-        allocator_bench,
-        compile_bench,
-        cpu_bench,
-        cpu_width_bench,
-        data_bench,
-        dp_bench,
-        gpu_bench,
-        sweep_bench,
-        trainer_bench,
-    )
+    from . import data_bench, dp_bench, sweep_bench, trainer_bench
+    from .cpu import allocator_bench, compile_bench, cpu_bench, cpu_width_bench
+    from .gpu import gpu_bench
 
     attempt(["data_prep"], lambda _: {"data_prep": data_bench.run(settings)})
     attempt(["trainer_vs_bare", "probe_overhead"], lambda names: trainer_bench.run(settings, names))

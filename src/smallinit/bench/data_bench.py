@@ -9,12 +9,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from .common import median, progress, spread
+from .base.common import median, progress, spread
 
 
 def _config(root: str, n_docs: int | None):
-    from smallinit.trainer import corpus
-    from smallinit.trainer.data_config import BilingualData, TextData
+    from smallinit.data import corpus
+    from smallinit.data.config import BilingualData, TextData
 
     if n_docs is None:
         return BilingualData(cache_dir=root)
@@ -25,7 +25,7 @@ def _config(root: str, n_docs: int | None):
 
 
 def run(settings) -> dict:
-    from smallinit.trainer.data import prepare
+    from smallinit.data.pipeline import prepare
 
     cold, warm = [], []
     for r in range(settings.data_cold_repeats):

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .common import REPO
+from .base.common import REPO
 from .report import HEADER, PROVENANCE_HEADER, provenance_rows, rows, table
 
 RESULTS = REPO / "bench" / "results.json"

@@ -28,7 +28,16 @@ from pathlib import Path
 
 from smallinit.core.trial_dir import TrialDir
 
-from .common import REPO, cache_dir, compose_trial, median, prepared_data, progress, rotate, spread
+from .base.common import (
+    REPO,
+    cache_dir,
+    compose_trial,
+    median,
+    prepared_data,
+    progress,
+    rotate,
+    spread,
+)
 
 CORES = 2
 # (workers, threads per worker): the measured side, then the baseline.

@@ -37,8 +37,8 @@ from pathlib import Path
 
 from smallinit.core.trial_dir import TrialDir
 
-from .common import REPO, cache_dir, compose_trial, median, prepared_data, progress, spread
-from .cpu_account import TreeSampler
+from .base.common import REPO, cache_dir, compose_trial, median, prepared_data, progress, spread
+from .base.cpu_account import TreeSampler
 
 TARGET = {"op": "<=", "value": 1.10}
 

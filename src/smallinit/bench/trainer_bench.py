@@ -1,7 +1,7 @@
 """trainer_vs_bare and probe_overhead: one trial through `run_trial` against the bare loop.
 
 Three variants alternate within every repeat (their order rotates from repeat to repeat):
-    bare      bench/bare.py: the same training and nothing else
+    bare      bench/base/bare.py: the same training and nothing else
     full      run_trial with the default train config: validation, probes, metrics.jsonl and a
               reporter, checkpoints, per-token losses, final weights, result.json
     no_probe  the same with train.probe_every=0
@@ -29,8 +29,8 @@ from pathlib import Path
 
 import torch
 
-from .bare import bare_loop
-from .common import compose_trial, median, prepared_data, progress, rotate, spread, timed_calls
+from .base.bare import bare_loop
+from .base.common import compose_trial, median, prepared_data, progress, rotate, spread, timed_calls
 
 TRAINER_TARGET = {"op": ">=", "value": 0.97}
 PROBE_TARGET = {"op": "<=", "value": 1.03}

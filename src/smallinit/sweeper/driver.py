@@ -50,7 +50,7 @@ from smallinit.sweeper.study.study import FINISHED
 from smallinit.sweeper.worker.failures import disk_full
 from smallinit.sweeper.worker.trainable import TrialSpec
 from smallinit.trainer.data_check import check_trials
-from smallinit.trainer.host_memory import check_switch as check_allocator_switch
+from smallinit.trainer.machine.host_memory import check_switch as check_allocator_switch
 
 from .tuner import import_tune, run_trials
 

@@ -1,8 +1,11 @@
-"""Training one trial: typed data settings (data_config), corpora and their cache (corpus, data,
-shards, make_shards), the anchor task, the loop (loop.Trainer, with observer for evaluation and
-probes and budget_forks for train.budgets' cooldown branches), precision, checkpoints,
-distributed workers, and export to transformers.
+"""Training one trial: the loop (loop.Trainer, with observer for evaluation and probes and
+budget_forks for train.budgets' cooldown branches, on schedule's learning rates), the trial's
+typed settings (config), what it learns (tasks: language modelling or the anchor task, on the
+data package's batches), the check that a trial fits its corpus (data_check), checkpoints,
+several processes (distributed), metrics (reporting), and export to transformers. machine/
+holds what depends on the hardware: the compute dtype, the CPU allocator setting, and the
+per-device memory plan.
 
-It imports core and model only; the sweeper calls `loop.run_trial`, and nothing here knows a
-sweep exists.
+It imports core, model and data only; the sweeper calls `loop.run_trial`, and nothing here
+knows a sweep exists.
 """

@@ -24,6 +24,7 @@ from typing import Any
 from smallinit.core.errors import require
 from smallinit.core.flops import training_flops_per_token
 from smallinit.core.plain import plain
+from smallinit.data.config import BilingualData, DataConfig, data_config_from_dict
 from smallinit.model.config import (
     AttnConfig,
     FFNConfig,
@@ -33,7 +34,6 @@ from smallinit.model.config import (
     NormConfig,
 )
 
-from .data_config import BilingualData, DataConfig, data_config_from_dict
 from .schedule import budget_branches, budget_warmup
 
 SCHEDULES = ("cosine", "wsd", "constant")
@@ -98,7 +98,7 @@ class TrainConfig:
     probe_batch: int = 2  # sequences the activation probes see
     ckpt_every: int = 50  # steps between checkpoints (0 = only at the end)
     device: str = "auto"  # auto | cpu | cuda
-    # auto: bf16 autocast on CUDA and on CPUs with fast bf16 matmuls, else fp32 (trainer/precision.py).
+    # auto: bf16 autocast on CUDA and on CPUs with fast bf16 matmuls, else fp32 (trainer/machine/precision.py).
     dtype: str = "auto"
     compile: bool = False
     threads: int | None = None  # torch intra-op threads (null = torch's default)

@@ -14,12 +14,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from smallinit.core.errors import ConfigError, first_line, require
+from smallinit.data.config import CorpusData
+from smallinit.data.pipeline import PreparedData, prepare
 
 from .config import TrialConfig
-from .data import PreparedData, prepare
-from .data_config import CorpusData
 
-RECIPE = ("bring a larger corpus (python -m smallinit.trainer.make_shards TEXT_DIR OUT_DIR, then "
+RECIPE = ("bring a larger corpus (python -m smallinit.data.make_shards TEXT_DIR OUT_DIR, then "
           "data=tokens data.paths=OUT_DIR; README, GPU runs)")
 
 

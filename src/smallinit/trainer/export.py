@@ -8,7 +8,7 @@ id in config.json and generation_config.json (lm-eval's HF model starts a contex
 generation stops at it). The folder loads in every transformers that pyproject.toml admits, not
 only the one that wrote it (tests/test_export.py loads it in the oldest too): see _write_tokenizer
 and _portable_config.
-A data=tokens trial takes the tokenizer trainer/make_shards.py recorded beside its shards, or
+A data=tokens trial takes the tokenizer data/make_shards.py recorded beside its shards, or
 --tokenizer. The folder then loads with `AutoModelForCausalLM.from_pretrained` and works with
 lm-evaluation-harness (tests/test_lm_eval.py) or vLLM. Gated attention and MoE have no Llama equivalent:
 they are refused with one line rather than exported wrong.
@@ -24,11 +24,11 @@ from pathlib import Path
 
 from smallinit.core.errors import ConfigError, first_line
 from smallinit.core.trial_dir import TrialDir
+from smallinit.data import shards
+from smallinit.data.corpus import EOT
 from smallinit.model.config import AttnConfig, FFNConfig, InitConfig, ModelConfig, NormConfig
 
-from . import shards
 from .checkpoint import check_weights_owner
-from .corpus import EOT
 
 # our name -> transformers' Llama name; {i} is the layer index
 LLAMA_NAMES = {
@@ -214,8 +214,8 @@ def _end_of_text_id(tok_file: Path, vocab_size: int) -> int | None:
 def _trained_tokenizer(data: dict) -> Path | None:
     """The tokenizer.json the trial's tokens were made with: the corpus cache's for text
     corpora, the one make_shards recorded beside the shards for data=tokens, None for tasks."""
-    from .data import prepare
-    from .data_config import CorpusData, data_config_from_dict
+    from smallinit.data.config import CorpusData, data_config_from_dict
+    from smallinit.data.pipeline import prepare
 
     if data.get("corpus") == "tokens":
         try:

@@ -29,9 +29,9 @@ from .budget_forks import BudgetForks
 from .checkpoint import save_checkpoint
 from .config import TrialConfig, flops_per_token
 from .distributed import Single
-from .host_memory import retain_freed_memory
+from .machine.host_memory import retain_freed_memory
+from .machine.precision import autocast_for, resolve_device, resolve_dtype
 from .observer import Observer
-from .precision import autocast_for, resolve_dtype
 from .reporting import JsonlReporter, MultiReporter, Reporter, Timer
 from .schedule import Branch, lr_at
 from .tasks import make_task
@@ -99,14 +99,6 @@ def make_optimizer(model: torch.nn.Module, optim) -> torch.optim.AdamW:
     no_decay = [p for p in model.parameters() if p.ndim < 2]
     groups = [{"params": decay, "weight_decay": optim.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=optim.lr, betas=optim.betas, eps=optim.eps)
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("train.device='cuda' but no CUDA device is visible: use train.device=auto or cpu")
-    return torch.device(name)
 
 
 def run_trial(trial: TrialConfig, out_dir: Path, reporter: Reporter | None = None, log=print, prepared=None,

@@ -13,7 +13,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from . import anchor_task
+from smallinit.data import anchor_task
+
 from .config import TrialConfig
 
 
@@ -21,7 +22,7 @@ class LMTask:
     """Next-token prediction on a prepared corpus, scored on a fixed validation slice."""
 
     def __init__(self, trial: TrialConfig, log=print, prepared=None):
-        from .data import TrainBatches, prepare, val_batches
+        from smallinit.data.pipeline import TrainBatches, prepare, val_batches
 
         self.prepared = prepared if prepared is not None else prepare(trial.data, log=log)
         t = trial.train

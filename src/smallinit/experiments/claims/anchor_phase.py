@@ -1,6 +1,6 @@
 """The anchor-function phase diagram: does a model infer an unseen composition or copy a seen one?
 
-Trials with `data=anchor` report three accuracies at the end (trainer/anchor_task.py):
+Trials with `data=anchor` report three accuracies at the end (data/anchor_task.py):
 in-distribution (held-out sequences of the trained anchor pairs), inferential (the unseen pair
 (4, 3) answered by composing the two shifts, key - 10) and symmetric (answered with the label of
 the seen pair (3, 4), key - 6). Zhang et al. (NeurIPS 2024) find small init (large gamma) on the

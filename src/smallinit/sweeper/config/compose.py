@@ -38,7 +38,7 @@ class Composer:
 
     def hand_over(self, prepared: dict) -> None:
         """Give each trial the corpus the driver prepared and checked it against, so its worker
-        opens that cache rather than hashing the inputs again (trainer/data.still_usable says
+        opens that cache rather than hashing the inputs again (data/pipeline.still_usable says
         when a worker on another machine must prepare its own)."""
         self.prepared = prepared
         for spec in self._built.values():

@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 from typing import Any, Union
 
 from smallinit.core.errors import ConfigError
-from smallinit.trainer.anchor_task import AnchorData
+from smallinit.data.anchor_task import AnchorData
+from smallinit.data.config import CORPORA
 from smallinit.trainer.config import TrialArgs
-from smallinit.trainer.data_config import CORPORA
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ class RayConf:
     # ddp or fsdp), each taking cpus_per_trial CPUs and gpus_per_trial GPUs and an equal share of train.batch_size.
     workers_per_trial: int = 1
     # GiB of one device: when set, each trial runs on the fewest FSDP workers (ray.workers_per_trial
-    # doubled, each dividing train.batch_size) whose per-device estimate (trainer/memory.py) fits it,
+    # doubled, each dividing train.batch_size) whose per-device estimate (trainer/machine/memory.py) fits it,
     # so one sweep over model sizes gives the small ones one worker and the large ones what they
     # need. Needs train.parallel=fsdp. null: every trial on ray.workers_per_trial.
     fit_device_gib: float | None = None

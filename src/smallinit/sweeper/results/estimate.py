@@ -73,8 +73,8 @@ def measure(trial: TrialConfig, threads: int | None, budget_s: float = MEASURE_S
 
     from smallinit.model import Transformer
     from smallinit.trainer.loop import make_optimizer
-    from smallinit.trainer.memory import planned_dtype
-    from smallinit.trainer.precision import autocast_for
+    from smallinit.trainer.machine.memory import planned_dtype
+    from smallinit.trainer.machine.precision import autocast_for
 
     t = trial.train
     if threads:

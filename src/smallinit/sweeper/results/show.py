@@ -20,6 +20,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
+from smallinit.data.config import CorpusData
 from smallinit.sweeper.config import protocol
 from smallinit.sweeper.config.config import ProtocolConf
 from smallinit.sweeper.config.points import PointComposer
@@ -27,7 +28,6 @@ from smallinit.sweeper.config.space import parse_sweep
 from smallinit.sweeper.runtime.resources import trial_workers
 from smallinit.trainer.config import TrialConfig, flops_per_token, trial_config_from_dict
 from smallinit.trainer.data_check import check_trial, describe, passes
-from smallinit.trainer.data_config import CorpusData
 from smallinit.trainer.schedule import budget_branches
 
 from . import estimate
@@ -157,7 +157,7 @@ def _cost(trials: list[TrialConfig], what: str) -> str:
 def _memory(trials: list[TrialConfig], runs_on: list[tuple[int, bool]],
             child: subprocess.Popen | None = None) -> list[str]:
     """Per distinct (shape, batch, workers) of the trials: the memory one device needs
-    (trainer/memory.py), and where a trial fits no large device, how many FSDP workers would
+    (trainer/machine/memory.py), and where a trial fits no large device, how many FSDP workers would
     fit it on an 80 GB one. runs_on: each trial's (workers, whether it asks for GPUs). child:
     a process from _torch_side to work them out in (default: here)."""
     return _torch_answers(trials, runs_on, child)[0]
@@ -168,7 +168,7 @@ def _torch_answers(trials: list[TrialConfig], runs_on: list[tuple[int, bool]], c
     """_memory's lines and, for measure=(trial, threads), its measured rate (estimate.measure;
     a string says why there is none). Both from the child when it answers; else the lines are
     made here, where a failure shows, and the rate is left out (it would import torch here)."""
-    from smallinit.trainer.memory import (
+    from smallinit.trainer.machine.memory import (
         shape_key,  # torch-free: torch is imported where the lines are made
     )
 
@@ -194,7 +194,7 @@ def _torch_answers(trials: list[TrialConfig], runs_on: list[tuple[int, bool]], c
 
 def memory_lines(groups: list[tuple[TrialConfig, int, bool, int]]) -> list[str]:
     """One line per group (its first trial, workers, whether it asks for GPUs, how many trials)."""
-    from smallinit.trainer.memory import estimate, fsdp_workers_to_fit, planned_dtype
+    from smallinit.trainer.machine.memory import estimate, fsdp_workers_to_fit, planned_dtype
 
     lines = []
     for trial, n, gpu, count in groups:
@@ -225,7 +225,7 @@ def _child() -> None:
     that imports torch._dynamo) while the parent builds the grid, then make the lines."""
     from smallinit.core.errors import ConfigError
     from smallinit.model.config import ModelConfig
-    from smallinit.trainer.memory import saved_activation_bytes
+    from smallinit.trainer.machine.memory import saved_activation_bytes
 
     answer, sys.stdout = sys.stdout.buffer, sys.stderr  # stdout carries the answer alone
     saved_activation_bytes(ModelConfig(d_model=32, n_layers=1, n_heads=1, n_kv_heads=1, d_ff=32, vocab_size=32,
@@ -257,7 +257,7 @@ def _passes(trial: TrialConfig) -> list[str]:
     if not isinstance(trial.data, CorpusData):
         return []
     from smallinit.core.errors import ConfigError
-    from smallinit.trainer.data import prepare
+    from smallinit.data.pipeline import prepare
 
     prepared = prepare(trial.data, log=lambda *_: None)
     line = (f"# {passes(trial, prepared):,.2f} passes over the {prepared.n_train_tokens:,} training tokens of "

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from smallinit.core.errors import ConfigError, first_line, require
-from smallinit.trainer.host_memory import worker_env
+from smallinit.trainer.machine.host_memory import worker_env
 
 from . import ray_internals
 
@@ -104,7 +104,7 @@ def _grpc_answer(conn) -> bytes | None:
 
 
 def allocator_env(ray_cfg: dict[str, Any]) -> dict[str, str]:
-    """CPU trials' workers get the allocator setting at process start (trainer/host_memory.py):
+    """CPU trials' workers get the allocator setting at process start (trainer/machine/host_memory.py):
     Tune trains on a thread of its own, which a later mallopt would not move to the main arena.
     GPU trials keep glibc's defaults: their host side allocates little, and one arena would
     make the host threads CUDA and data loading use take turns."""

@@ -34,7 +34,7 @@ def workers(ray_cfg: dict[str, Any]) -> int:
     return value
 
 
-# ray.fit_device_gib's choices by trainer.memory.shape_key: the estimate traces the model, and a
+# ray.fit_device_gib's choices by trainer.machine.memory.shape_key: the estimate traces the model, and a
 # grid has many points of few shapes.
 _fitted: dict[str, int | None] = {}
 
@@ -50,7 +50,7 @@ def trial_workers(trial, ray_cfg: dict[str, Any]) -> int:
             "must be a number of GiB > 0, or null")
     require(trial.train.parallel == "fsdp", "ray.fit_device_gib", gib,
             f"needs train.parallel=fsdp (it chooses FSDP worker counts), not train.parallel={trial.train.parallel}")
-    from smallinit.trainer.memory import (
+    from smallinit.trainer.machine.memory import (
         HEADROOM,
         estimate,
         fsdp_workers_to_fit,

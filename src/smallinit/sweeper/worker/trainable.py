@@ -49,7 +49,7 @@ class TrialSpec:
     # CPUs and `gpus` GPUs (ray.cpus_per_trial, ray.gpus_per_trial are then per worker).
     workers: int = 1
     gpus: float = 0.0
-    # The corpus the driver prepared and checked this trial against (a trainer.data.PreparedData:
+    # The corpus the driver prepared and checked this trial against (a data.pipeline.PreparedData:
     # paths and counts, no tokens); None for the anchor task or a spec built before the check.
     prepared: Any = None
 
@@ -223,7 +223,7 @@ def _train(spec: TrialSpec, out: TrialDir) -> dict[str, Any] | None:
 
 def _prepared(spec: TrialSpec):
     """The driver's prepared corpus if this machine has it whole, else None (run_trial prepares)."""
-    from smallinit.trainer.data import still_usable
+    from smallinit.data.pipeline import still_usable
 
     if spec.prepared is None:
         return None

@@ -14,12 +14,13 @@ from __future__ import annotations
 import gc
 import math
 import time
-from pathlib import Path
 
-from .common import median, progress
+from smallinit import CONF_DIR
+
+from ..base.common import median, progress
 
 TARGET = {"op": ">=", "value": 0.45}
-GPU_TRAIN_YAML = Path(__file__).resolve().parents[1] / "conf" / "train" / "gpu.yaml"
+GPU_TRAIN_YAML = CONF_DIR / "train" / "gpu.yaml"
 
 
 def gpu_train_preset() -> dict[str, int | float | bool]:
@@ -103,10 +104,10 @@ def _try(preset: str, batch: int, device, steps: int, seq_len: int = SEQ_LEN, co
     import torch
     import torch.nn.functional as F
 
+    from smallinit.data.config import BilingualData
     from smallinit.model import ModelConfig, Transformer
     from smallinit.model.config import GPU_VOCAB
     from smallinit.trainer.config import OptimConfig, TrainConfig, TrialConfig
-    from smallinit.trainer.data_config import BilingualData
     from smallinit.trainer.loop import flops_per_token, make_optimizer, peak_flops
 
     base = ModelConfig.preset(preset)

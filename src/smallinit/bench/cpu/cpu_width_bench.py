@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import torch
 
-from .bare import bare_loop
-from .common import compose_trial, median, prepared_data, progress, rotate, spread
+from ..base.bare import bare_loop
+from ..base.common import compose_trial, median, prepared_data, progress, rotate, spread
 from .cpu_bench import MFU_TARGET, matmul_peak
 
 EXPERIMENT = "+experiment=scaling_law"
@@ -25,7 +25,7 @@ EXPERIMENT = "+experiment=scaling_law"
 
 def run(settings) -> dict:
     from smallinit.trainer.config import flops_per_token
-    from smallinit.trainer.precision import native_bf16_flags, resolve_dtype
+    from smallinit.trainer.machine.precision import native_bf16_flags, resolve_dtype
 
     name = "cpu_mfu_by_width"
     torch.set_num_threads(settings.threads)

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import torch
 
-from .bare import bare_loop
-from .common import compose_trial, median, prepared_data, progress, rotate
+from ..base.bare import bare_loop
+from ..base.common import compose_trial, median, prepared_data, progress, rotate
 
 MFU_TARGET = {"op": ">=", "value": 0.5}
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -43,7 +43,7 @@ def _with_dtype(trial, dtype: str):
 
 def run(settings, selected: set[str]) -> dict[str, dict]:
     from smallinit.trainer.loop import flops_per_token, run_trial
-    from smallinit.trainer.precision import native_bf16_flags, resolve_dtype
+    from smallinit.trainer.machine.precision import native_bf16_flags, resolve_dtype
 
     name = "cpu"
     torch.set_num_threads(settings.threads)

@@ -1,6 +1,6 @@
 """cpu_compile: the default trial end to end with `train.compile=true` against without it.
 
-Each run is a fresh process (`python -m smallinit.bench.compile_bench --child ...`), because that is what a
+Each run is a fresh process (`python -m smallinit.bench.cpu.compile_bench --child ...`), because that is what a
 sweep trial is: a Ray worker that builds its model, compiles it and trains. Compilation has two
 prices, so the compiled side is timed twice:
     cold   an empty inductor cache (TORCHINDUCTOR_CACHE_DIR): the first trial on a machine
@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from .common import REPO, median, progress, rotate, spread
+from ..base.common import REPO, median, progress, rotate, spread
 
 DEFAULT_BAR = 1.10  # compile becomes the CPU default only when it saves at least this much
 
@@ -31,7 +31,7 @@ DEFAULT_BAR = 1.10  # compile becomes the CPU default only when it saves at leas
 def _child(overrides: list[str], out_dir: str) -> dict:
     from smallinit.trainer.loop import run_trial
 
-    from .common import compose_trial, prepared_data
+    from ..base.common import compose_trial, prepared_data
 
     trial = compose_trial(*overrides)
     prepared = prepared_data(trial)
@@ -44,7 +44,7 @@ def _child(overrides: list[str], out_dir: str) -> dict:
 def _run(overrides: list[str], threads: int, cache: Path, root: Path, tag: str) -> dict:
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache), "OMP_NUM_THREADS": str(threads)}
     out = root / tag
-    cmd = [sys.executable, "-m", "smallinit.bench.compile_bench", "--child", str(out), *overrides, f"train.threads={threads}",
+    cmd = [sys.executable, "-m", "smallinit.bench.cpu.compile_bench", "--child", str(out), *overrides, f"train.threads={threads}",
            "train.device=cpu"]
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
@@ -94,7 +94,7 @@ def run(settings) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="python -m smallinit.bench.compile_bench", description="child of the cpu_compile benchmark")
+    p = argparse.ArgumentParser(prog="python -m smallinit.bench.cpu.compile_bench", description="child of the cpu_compile benchmark")
     p.add_argument("--child", required=True, help="trial output folder")
     p.add_argument("overrides", nargs="*")
     args = p.parse_args(argv)

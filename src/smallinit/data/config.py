@@ -4,7 +4,7 @@
     TextData       your own .txt/.jsonl/.parquet           conf/data/text.yaml
     TokensData     pre-tokenised .bin files or shard folders conf/data/tokens.yaml
     AnchorData     the anchor-function task                 conf/data/anchor.yaml
-                   (defined beside its recipe in trainer/anchor_task.py)
+                   (defined beside its recipe in data/anchor_task.py)
 
 Each class is the schema of its conf/data file. Its `task` and `corpus` are fixed fields (not
 settings) that name the class in a composed config and in a trial's record:
@@ -100,7 +100,7 @@ class CorpusData:
 
 @dataclass(frozen=True)
 class BilingualData(CorpusData):
-    """The bundled corpus: the King James Bible and People's Daily (see trainer/corpus.py)."""
+    """The bundled corpus: the King James Bible and People's Daily (see data/corpus.py)."""
 
     corpus: str = field(default="bilingual", init=False)
 
@@ -124,7 +124,7 @@ class TextData(CorpusData):
 
 @dataclass(frozen=True)
 class TokensData(CorpusData):
-    """Pre-tokenised tokens (trainer/shards.py reads both formats): files, folders or globs of
+    """Pre-tokenised tokens (data/shards.py reads both formats): files, folders or globs of
     flat nanoGPT `.bin` arrays or llm.c's headered shards, concatenated in sorted order.
 
     Which tokens validate: `val_paths` when given; else the files named like validation

@@ -1,15 +1,15 @@
 """Raw text -> headered uint16 shards that `data=tokens data.paths=OUT_DIR` reads.
 
-    python -m smallinit.trainer.make_shards TEXT_DIR OUT_DIR [--tokenizer tokenizer.json] [--vocab-size 32768]
+    python -m smallinit.data.make_shards TEXT_DIR OUT_DIR [--tokenizer tokenizer.json] [--vocab-size 32768]
                                   [--shard-tokens 100000000] [--val-fraction 0.01]
 
 TEXT_DIR holds .txt (documents split at blank lines), .jsonl and .parquet files (a `text`
 field or column), read recursively in sorted order. Without --tokenizer a byte-level BPE of
 --vocab-size is trained on the first --tokenizer-docs documents, the same recipe the project
-uses for data=text (trainer/data.py); with it, any `tokenizers` JSON is used as it is.
+uses for data=text (data/pipeline.py); with it, any `tokenizers` JSON is used as it is.
 
 OUT_DIR gets `train_000000.bin, ...` and `val_000000.bin` in llm.c's headered format (what
-trainer/shards.py reads; the `val` in the name makes them validation), `tokenizer.json` and
+data/shards.py reads; the `val` in the name makes them validation), `tokenizer.json` and
 `shards.json` (counts, vocabulary, sources, and the tokenizer's sha256, so that
 `python -m smallinit.trainer.export` ships a trial of these shards with the tokenizer that made them). Every k-th document (k = 1/val_fraction, the
 first included) goes to validation, so both sides draw from every file. Each document ends
@@ -50,7 +50,7 @@ def load_tokenizer(path: Path | None, files: list[Path], vocab_size: int, n_docs
         from tokenizers import Tokenizer
 
         return Tokenizer.from_file(str(path))
-    from .data import train_tokenizer
+    from .pipeline import train_tokenizer
 
     texts = []
     for text in documents(files):
@@ -139,7 +139,7 @@ def make_shards(text_dir: Path, out_dir: Path, tokenizer: Path | None = None, vo
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m smallinit.trainer.make_shards", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m smallinit.data.make_shards", description=__doc__.split("\n\n")[0])
     p.add_argument("text_dir", type=Path)
     p.add_argument("out_dir", type=Path)
     p.add_argument("--tokenizer", type=Path, help="a tokenizers JSON; default: train a byte-level BPE here")

@@ -40,6 +40,14 @@ class DtypeChoice:
     reason: str
 
 
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("train.device='cuda' but no CUDA device is visible: use train.device=auto or cpu")
+    return torch.device(name)
+
+
 def _cpu_identity() -> tuple[str, set[str]]:
     return cpu_identity()
 

@@ -1,12 +1,12 @@
 """One prepared GPU check that needs only torch and numpy (no Ray, Hydra, Optuna, W&B,
 tokenizers or pandas): what a lent GPU machine can show in a few minutes.
 
-    SMALLINIT_COMMIT=<sha> python -m smallinit.bench.gpu_check --data .cache/gpu-data --out $OUT --deadline 420
-    python -m smallinit.bench.gpu_check --data ~/.cache/smallinit/bilingual-* --tiny --device cpu   # a smoke run
+    SMALLINIT_COMMIT=<sha> python -m smallinit.bench.gpu.gpu_check --data .cache/gpu-data --out $OUT --deadline 420
+    python -m smallinit.bench.gpu.gpu_check --data ~/.cache/smallinit/bilingual-* --tiny --device cpu   # a smoke run
 
 Units, in this order (a lent machine's time is short: the most telling first):
 1. MFU of the 0.1B preset, bf16 autocast + torch.compile, sequence 2048, random tokens
-   (bench/gpu_bench.py's measurement).
+   (bench/gpu/gpu_bench.py's measurement).
 2. The 0.1B preset trained by the project's own loop (trainer.loop.run_trial, bf16 and compile
    on CUDA, train=gpu's batch 32 x 2048) at gamma = 0.5 and gamma = 1 (eps 1e-12, no gate, the
    same init seed and data order), each at two learning rates (both gammas at the first lr
@@ -60,9 +60,9 @@ TUNE_SEED, CONFIRM_SEEDS = 100, (1, 2, 3)
 
 def trial_for(preset: str, gamma: float, lr: float, data: Path, vocab: int, budget: int, device: str, tiny: bool,
               eps: float = 1e-12, gate: str = "none", seed: int = 0):
+    from smallinit.data.config import TokensData
     from smallinit.model.config import AttnConfig, InitConfig, ModelConfig, NormConfig
     from smallinit.trainer.config import OptimConfig, TrainConfig, TrialConfig
-    from smallinit.trainer.data_config import TokensData
 
     model = ModelConfig.preset(preset, vocab_size=vocab, init=InitConfig(gamma=gamma, seed=seed), norm=NormConfig(eps=eps),
                                attn=AttnConfig(gate=gate))
@@ -82,7 +82,7 @@ def trial_for(preset: str, gamma: float, lr: float, data: Path, vocab: int, budg
 
 
 def mfu_units(device: torch.device, tiny: bool, log) -> list[tuple[str, object]]:
-    """(name, thunk) per preset: bench/gpu_bench.py's MFU measurement."""
+    """(name, thunk) per preset: bench/gpu/gpu_bench.py's MFU measurement."""
     from .gpu_bench import _measure, _try
 
     if device.type != "cuda":  # the smoke form: shapes only
@@ -292,7 +292,7 @@ def machine(device: torch.device) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m smallinit.bench.gpu_check", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m smallinit.bench.gpu.gpu_check", description=__doc__.split("\n")[0])
     p.add_argument("--data", type=Path, required=True, help="folder with train.bin and val.bin (uint16 token ids)")
     p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "gpu-check")), help="where gpu_check.json goes")
     p.add_argument("--tokens", type=int, default=20_000_000, help=f"token budget per run (capped at {MAX_EPOCHS} passes)")
@@ -310,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     for f in ("train.bin", "val.bin"):
         if not (a.data / f).is_file():
-            print(f"error: --data {a.data}: no {f} there (see `python -m smallinit.bench.gpu_check --help`)", file=sys.stderr)
+            print(f"error: --data {a.data}: no {f} there (see `python -m smallinit.bench.gpu.gpu_check --help`)", file=sys.stderr)
             return 2
     a.out.mkdir(parents=True, exist_ok=True)
     device = torch.device(a.device)

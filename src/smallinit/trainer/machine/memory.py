@@ -109,8 +109,7 @@ def planned_dtype(trial, gpu: bool = False) -> str:
     this machine's choice on its CPU. train.device=auto is read as this machine unless `gpu`
     (the trial asks Ray for GPUs, ray.gpus_per_trial > 0): a GPU trial planned from a CPU-only
     login node is still a bf16 trial."""
-    from smallinit.trainer.loop import resolve_device
-    from smallinit.trainer.precision import resolve_dtype
+    from .precision import resolve_device, resolve_dtype
 
     device = trial.train.device
     if trial.train.dtype != "auto" or device == "cuda" or (gpu and device == "auto"):

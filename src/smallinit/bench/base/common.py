@@ -15,7 +15,7 @@ from typing import Any
 
 from smallinit.core import provenance as prov
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[4]
 CONF = REPO / "src" / "smallinit" / "conf"
 
 
@@ -139,7 +139,7 @@ def compose_trial(*overrides: str):
 
 def prepared_data(trial):
     """The trial's corpus, tokenised into the cache if it is not there yet (not timed)."""
-    from smallinit.trainer.data import prepare
+    from smallinit.data.pipeline import prepare
 
     return prepare(trial.data, log=lambda *_: None)
 

@@ -31,7 +31,7 @@ MAGIC, VERSION, HEADER_INTS = 20240520, 1, 256
 HEADER_BYTES = HEADER_INTS * 4
 HEADERED_DTYPE = "uint16"
 ITEM_BYTES = {"uint16": 2, "uint32": 4}
-SHARDS_META, TOKENIZER_FILE = "shards.json", "tokenizer.json"  # what trainer/make_shards.py writes beside them
+SHARDS_META, TOKENIZER_FILE = "shards.json", "tokenizer.json"  # what data/make_shards.py writes beside them
 
 
 @dataclass(frozen=True)
@@ -167,13 +167,13 @@ def file_sha256(path: Path) -> str:
 
 
 def recorded_tokenizer(files: list[Path]) -> Path:
-    """The tokenizer.json that trainer/make_shards.py made these shards with, read from the
+    """The tokenizer.json that data/make_shards.py made these shards with, read from the
     shards.json beside them; ValueError saying why when there is none, or not one for all."""
     found: dict[str, Path] = {}
     for folder in sorted({Path(f).resolve().parent for f in files}):
         meta_path = folder / SHARDS_META
         if not meta_path.is_file():
-            raise ValueError(f"{folder} has no {SHARDS_META} (shards not made by python -m smallinit.trainer.make_shards)")
+            raise ValueError(f"{folder} has no {SHARDS_META} (shards not made by python -m smallinit.data.make_shards)")
         meta = json.loads(meta_path.read_text())
         listed = set(meta.get("train_shards", [])) | set(meta.get("val_shards", []))
         strays = sorted(Path(f).name for f in files if Path(f).resolve().parent == folder and Path(f).name not in listed)

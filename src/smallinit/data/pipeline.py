@@ -21,7 +21,7 @@ of it or none of it; when two processes race, the loser discards its copy. A hit
 files against meta.json first (cache_damage); a damaged cache is set aside, named in one
 line, and prepared again.
 
-For corpus "tokens" (flat nanoGPT binaries or headered shards, trainer/shards.py) nothing is
+For corpus "tokens" (flat nanoGPT binaries or headered shards, data/shards.py) nothing is
 copied: the cache holds meta.json only (with every shard's header checked and its largest
 token id) and PreparedData points at ranges of the user's files.
 """
@@ -48,8 +48,8 @@ if TYPE_CHECKING:
 
 from . import corpus as corpus_mod
 from . import shards
+from .config import CorpusData
 from .corpus import EOT, Document
-from .data_config import CorpusData
 from .shards import Part
 
 FORMAT = 1  # bump when the bytes written here change

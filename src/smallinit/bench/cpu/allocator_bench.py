@@ -1,8 +1,8 @@
-"""cpu_allocator: the bare training loop with glibc keeping freed memory (trainer/host_memory.py)
+"""cpu_allocator: the bare training loop with glibc keeping freed memory (trainer/machine/host_memory.py)
 against glibc's own behaviour, each in a fresh process.
 
 The setting is process-wide and cannot be undone cleanly, so each side runs in its own child
-(`python -m smallinit.bench.allocator_bench --child ...`) with SMALLINIT_CPU_ALLOCATOR=retain or default,
+(`python -m smallinit.bench.cpu.allocator_bench --child ...`) with SMALLINIT_CPU_ALLOCATOR=retain or default,
 alternating (ABAB). A child warms up one step, then times `cpu_steps` bare steps and reports
 the page faults the kernel served during them (getrusage's minor faults) and the peak RSS of
 those steps (VmHWM, reset after the warm-up; kept memory shows up there).
@@ -18,17 +18,17 @@ import resource
 import subprocess
 import sys
 
-from smallinit.trainer.host_memory import ENV_SWITCH, USER_ALLOCATOR_VARS
+from smallinit.trainer.machine.host_memory import ENV_SWITCH, USER_ALLOCATOR_VARS
 
-from .common import REPO, median, progress, rotate, spread
-from .cpu_account import status_kb
+from ..base.common import REPO, median, progress, rotate, spread
+from ..base.cpu_account import status_kb
 
 SIDES = ("default", "retain")
 
 
 def _child(overrides: list[str], steps: int) -> dict:
-    from .bare import bare_loop
-    from .common import compose_trial, prepared_data
+    from ..base.bare import bare_loop
+    from ..base.common import compose_trial, prepared_data
 
     trial = compose_trial(*overrides)
     data = prepared_data(trial)
@@ -55,7 +55,7 @@ def _run(side: str, overrides: list[str], steps: int, threads: int) -> dict:
     env = {**os.environ, ENV_SWITCH: side, "OMP_NUM_THREADS": str(threads)}
     for var in USER_ALLOCATOR_VARS:
         env.pop(var, None)  # the comparison is glibc's defaults against the trainer's setting
-    cmd = [sys.executable, "-m", "smallinit.bench.allocator_bench", "--child", str(steps), *overrides,
+    cmd = [sys.executable, "-m", "smallinit.bench.cpu.allocator_bench", "--child", str(steps), *overrides,
            f"train.threads={threads}", "train.device=cpu"]
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
     if proc.returncode != 0:

@@ -13,11 +13,11 @@ import time
 import torch
 import torch.nn.functional as F
 
+from smallinit.data.pipeline import TrainBatches
 from smallinit.model import Transformer
-from smallinit.trainer.data import TrainBatches
-from smallinit.trainer.host_memory import retain_freed_memory
-from smallinit.trainer.loop import lr_at, resolve_device
-from smallinit.trainer.precision import autocast_for, resolve_dtype
+from smallinit.trainer.loop import lr_at
+from smallinit.trainer.machine.host_memory import retain_freed_memory
+from smallinit.trainer.machine.precision import autocast_for, resolve_device, resolve_dtype
 
 
 def _sync(device: torch.device) -> None:
