@@ -22,17 +22,18 @@ from smallinit.sweeper.runtime.lock import LOCK_FILE, DriverLock
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _holder(sweep_dir: Path, text: str | None = None) -> subprocess.Popen:
+def _holder(sweep_dir: Path, text: str | None = None, write_after: float = 0.0) -> subprocess.Popen:
     """A second process holding the folder's lock until killed: a real driver's DriverLock, or,
-    with `text`, a bare record lock on a file holding that text."""
+    with `text`, a bare record lock on a file holding that text, written `write_after` seconds
+    after it says it holds the lock."""
     if text is None:
         body = f"from smallinit.sweeper.runtime.lock import DriverLock\nDriverLock({str(sweep_dir)!r}).acquire()"
     else:
         body = f"""
-            import fcntl, os
+            import fcntl, os, threading, time
             fd = os.open({str(sweep_dir / LOCK_FILE)!r}, os.O_RDWR | os.O_CREAT)
             fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            os.write(fd, {text.encode()!r})"""
+            threading.Thread(target=lambda: (time.sleep({write_after}), os.write(fd, {text.encode()!r}))).start()"""
     code = textwrap.dedent(body) + "\nprint('held', flush=True)\nimport time\ntime.sleep(60)\n"
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONPATH": os.pathsep.join([os.path.join(REPO, "src"), str(REPO)])})
@@ -107,6 +108,19 @@ def test_a_lock_held_by_a_process_whose_text_is_damaged_is_still_refused(tmp_pat
     proc = _holder(sweep_dir, text="{not json")
     try:
         with pytest.raises(ConfigError, match=r"is in use by another sweep driver \(its lock file gives no pid\)"):
+            DriverLock(sweep_dir).acquire()
+    finally:
+        _stop(proc)
+
+
+def test_a_driver_that_loses_the_race_by_moments_still_names_the_winner(tmp_path):
+    """The winner writes its text just after taking the lock; a loser that reads the file in
+    between waits for the text rather than saying the lock gives no pid."""
+    sweep_dir = tmp_path / "sweep"
+    sweep_dir.mkdir()
+    proc = _holder(sweep_dir, text=json.dumps({"pid": 4242, "host": "winner", "since": "now"}), write_after=0.3)
+    try:
+        with pytest.raises(ConfigError, match=r"\(pid 4242 on host winner, since now\)"):
             DriverLock(sweep_dir).acquire()
     finally:
         _stop(proc)

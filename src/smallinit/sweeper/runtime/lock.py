@@ -104,8 +104,10 @@ class DriverLock:
                 self.took_over = previous
             text = json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
                                "since": time.strftime("%Y-%m-%d %H:%M:%S %Z")})
-            os.ftruncate(fd, 0)
+            # Write over, then cut: the file is never empty while held (a reader may still catch
+            # the new text ahead of the old one's tail, which _read_holder waits out).
             os.pwrite(fd, text.encode(), 0)
+            os.ftruncate(fd, len(text.encode()))
             os.fsync(fd)
         except OSError as e:
             self.release()
@@ -124,7 +126,7 @@ class DriverLock:
             fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:
             if e.errno in (errno.EACCES, errno.EAGAIN):
-                raise ConfigError(self._in_use(_read(fd) or holder)) from None
+                raise ConfigError(self._in_use(_read_holder(fd) or holder)) from None
             if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL):
                 raise
             # No record locks on this filesystem: trust the text where it can be checked.
@@ -167,13 +169,25 @@ def live_driver(sweep_dir: Path) -> dict | None:
             fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:
             if e.errno in (errno.EACCES, errno.EAGAIN):
-                return _read(fd) or {}
+                return _read_holder(fd) or {}
             holder = _read(fd)  # no record locks on this filesystem: trust the text where it can be checked
             if holder and not (holder.get("host") == socket.gethostname() and not _alive(holder.get("pid"))):
                 return holder
         return None
     finally:
         os.close(fd)
+
+
+def _read_holder(fd: int, wait: float = 2.0) -> dict | None:
+    """The text of a lock another process holds. It writes its text just after taking the lock,
+    so a reader that lost the race by microseconds may find the file empty or half-written:
+    read again for up to `wait` seconds before saying it gives no pid."""
+    deadline = time.monotonic() + wait
+    while True:
+        holder = _read(fd)
+        if holder or time.monotonic() >= deadline:
+            return holder
+        time.sleep(0.02)
 
 
 def _read(fd: int) -> dict | None:
