@@ -47,7 +47,7 @@ def test_card_command_runs_every_trial_once_and_a_rerun_trains_nothing(tmp_path,
     assert {t.user_attrs["identity"] for t in trials} == set(df["identity"])
     assert all(len(t.intermediate_values) == 3 for t in trials)  # steps 0, 4, 8
     assert len(wandb_runs(sweep_dir)) == 8
-    assert "best: trial" in proc.stdout and "results.parquet" in proc.stdout
+    assert "lowest single trial: trial" in proc.stdout and "results.parquet" in proc.stdout
     # Each trial folder holds its composed config and overrides, as Hydra's job folders do.
     overrides = (sweep_dir / "trials" / df["identity"][0] / ".hydra" / "overrides.yaml").read_text()
     assert "init.gamma=" in overrides and "norm.eps=" in overrides
@@ -102,7 +102,7 @@ def test_optuna_search_with_asha_prunes_and_reports_a_best_gamma(tmp_path, data_
     assert optuna.trial.TrialState.PRUNED in states and optuna.trial.TrialState.COMPLETE in states
     assert (df["state"] == "PRUNED").sum() == sum(t.state == optuna.trial.TrialState.PRUNED for t in trials)
     assert all(0.25 <= t.params["init.gamma"] <= 1.5 for t in trials)
-    assert "best: trial" in proc.stdout and "init.gamma" in proc.stdout.split("best: trial")[1]
+    assert "lowest single trial: trial" in proc.stdout and "init.gamma" in proc.stdout.split("lowest single trial: trial")[1]
 
 
 @pytest.mark.slow

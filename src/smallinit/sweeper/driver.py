@@ -10,7 +10,7 @@
 4. Skip trials whose identity already finished; reuse trials a killed driver left RUNNING.
 5. If any are left: start or connect to Ray (cluster.py) while Tune is imported, run them as Ray Tune trials (tuner.py: StudySearcher decides which, ASHA may stop them),
    stop Ray.
-6. Write results.parquet and print the best trial (results.py).
+6. Write results.parquet and print the lowest single trial and the best setting over seeds (results.py).
 """
 
 from __future__ import annotations

@@ -242,8 +242,8 @@ def write_table(sweep_dir: Path, df: pd.DataFrame) -> Path:
 
 
 def write_results(sweep_dir: Path, study: Study) -> pd.DataFrame:
-    """Rebuild and write the table from the trial folders and the study; print the counts
-    and the best trial."""
+    """Rebuild and write the table from the trial folders and the study; print the counts,
+    the lowest single trial and, with seeds swept, the best setting over its seeds."""
     states = {
         ident: {"number": t.number, "state": t.state.name, "fail_reason": t.user_attrs.get("fail_reason"),
                 "trial_dir": t.user_attrs.get("trial_dir"), "role": t.user_attrs.get("role"), "params": t.params}
@@ -260,7 +260,10 @@ def write_results(sweep_dir: Path, study: Study) -> pd.DataFrame:
         params = {c.removeprefix(schema.PARAM_PREFIX): best[c].item() if hasattr(best[c], "item") else best[c]
                   for c in df.columns if c.startswith(schema.PARAM_PREFIX)}
         folder = schema.to_local_path(best["trial_dir"], sweep_dir)
-        print(f"best: trial {int(best[schema.TRIAL_NUMBER])} {params} val loss {best[schema.FINAL_VAL_LOSS]:.4f} -> {folder}")
+        # Named for what it is: with seeds swept, the lowest single run is one seed's draw and can
+        # name another setting than the seed means below (the one to read).
+        print(f"lowest single trial: trial {int(best[schema.TRIAL_NUMBER])} {params} val loss "
+              f"{best[schema.FINAL_VAL_LOSS]:.4f} -> {folder}")
         setting = summary.best_setting_line(done)
         if setting:
             print(setting)
