@@ -13,6 +13,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
+import yaml
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from smallinit.core import results_schema as schema
 from smallinit.core.files import atomic_write
@@ -195,6 +198,7 @@ def build_table(sweep_dir: Path, study_states: dict[str, dict[str, Any]] | None 
         if ident not in dirs and state.get("trial_dir"):
             dirs[ident] = TrialDir(state["trial_dir"])
     rows = [row for ident, d in dirs.items() for row in trial_rows(d, study_states.get(ident), sweep_dir)]
+    _fill_unswept_params(rows, sweep_dir)
     _fill_roles(rows, sweep_dir)
     df = pd.DataFrame(rows)
     if not df.empty:
@@ -215,6 +219,36 @@ def _one_kind(values: pd.Series) -> pd.Series:
         return values
     return values.map(lambda v: v if v is None or isinstance(v, str) or (isinstance(v, float) and pd.isna(v))
                       else json.dumps(v))
+
+
+def _fill_unswept_params(rows: list[dict[str, Any]], sweep_dir: Path) -> None:
+    """A folder's grid may grow by a key (optim.lr swept in a folder first run at the default lr):
+    its earlier trials never swept that key, so each takes the value its composed config
+    (.hydra/config.yaml) gave it, and every row names its whole setting. A key the config cannot
+    give as one value (a config group's choice, a preset's null) stays empty."""
+    keys = sorted({k for r in rows for k in r if k.startswith(schema.PARAM_PREFIX)})
+    configs: dict[str, Any] = {}
+    for row in rows:
+        missing = [k for k in keys if row.get(k) is None or (isinstance(row.get(k), float) and pd.isna(row[k]))]
+        if not missing:
+            continue
+        folder = schema.to_local_path(row.get("trial_dir"), sweep_dir)
+        if folder is None:
+            continue
+        if folder not in configs:
+            try:
+                configs[folder] = OmegaConf.load(Path(folder) / ".hydra" / "config.yaml")
+            except (OSError, ValueError, yaml.YAMLError, OmegaConfBaseException):  # none or damaged: cells stay empty
+                configs[folder] = None
+        if configs[folder] is None:
+            continue
+        for key in missing:
+            try:
+                value = OmegaConf.select(configs[folder], key.removeprefix(schema.PARAM_PREFIX))
+            except OmegaConfBaseException:  # an interpolation that no longer resolves
+                continue
+            if isinstance(value, (bool, int, float, str)):
+                row[key] = value
 
 
 def _fill_roles(rows: list[dict[str, Any]], sweep_dir: Path) -> None:

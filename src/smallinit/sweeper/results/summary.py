@@ -9,6 +9,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 from scipy import stats
 
@@ -74,16 +75,24 @@ def best_setting_line(done: pd.DataFrame) -> str | None:
 
     def named(key) -> str:
         values = key if isinstance(key, tuple) else (key,)
-        return " ".join(f"{c.removeprefix(schema.PARAM_PREFIX)}={v:g}" if isinstance(v, float) else
-                        f"{c.removeprefix(schema.PARAM_PREFIX)}={v}" for c, v in zip(setting, values))
+        def value(v) -> str:
+            if pd.isna(v):
+                return "(not swept)"
+            return f"{v:g}" if isinstance(v, float) else str(v)
+
+        return " ".join(f"{c.removeprefix(schema.PARAM_PREFIX)}={value(v)}" for c, v in zip(setting, values))
 
     best = groups.index[0]
     line = f"best setting: {named(best)}, val loss {groups['mean'].iloc[0]:.4f} (mean of {int(groups['count'].iloc[0])} seeds)"
     if len(groups) > 1:
-        per_seed = done.set_index([*setting, *seeds])[schema.FINAL_VAL_LOSS]
-        by_setting = {k: per_seed.xs(k if isinstance(k, tuple) else (k,), level=list(range(len(setting))))
-                      for k in groups.index[:2]}
-        diff = (by_setting[groups.index[1]] - by_setting[best]).dropna()
+        def seed_losses(key) -> pd.Series:
+            values = key if isinstance(key, tuple) else (key,)
+            mine = np.ones(len(done), bool)
+            for c, v in zip(setting, values):  # a setting's empty cell (a key it did not sweep) matches empty
+                mine &= (done[c].isna() if pd.isna(v) else done[c] == v).to_numpy()
+            return done[mine].set_index(seeds)[schema.FINAL_VAL_LOSS]
+
+        diff = (seed_losses(groups.index[1]) - seed_losses(best)).dropna()
         if len(diff) >= 2:
             mean, sem = float(diff.mean()), float(diff.std(ddof=1)) / len(diff) ** 0.5
             half = float(stats.t.ppf(0.975, len(diff) - 1)) * sem
