@@ -59,7 +59,7 @@ def test_a_trial_resumed_from_a_checkpoint_counts_as_a_whole_trial_at_its_step_r
     clock.now += 40
     tally.report("resumed", 1000, total_steps=1000)  # 400 steps in 40 s: 10 steps/s
     # Running: its time left is its steps left at its rate, not the mean less its age.
-    assert tally._time_left("resumed", tally.running["resumed"], mean=0.0, now=clock.now) == pytest.approx(0)
+    assert tally._time_left("resumed", tally.running["resumed"], now=clock.now) == pytest.approx(0)
     tally.end("resumed", failed=False)
     # 50 s in this run, and s1 - rate * (t1 - start) = 600 - 10 * 10 = 500 steps before it: +50 s.
     assert tally.durations == [pytest.approx(100)]
@@ -76,6 +76,51 @@ def test_a_trial_resumed_from_a_checkpoint_counts_as_a_whole_trial_at_its_step_r
     tally.report("fresh", 1000, total_steps=1000)
     tally.end("fresh", failed=False)
     assert tally.durations[1] == pytest.approx(105)  # a fresh start: its own start-to-end time
+
+
+def test_trials_of_other_sizes_are_weighted_by_their_flops():
+    """A grid of two widths, the small ones first (the widths check: d = 96, then d = 192 at about
+    2.2 times the FLOPs): the mean of the small trials alone would put the end far too early."""
+    clock = Clock()
+    tally = Tally(total=5, skipped=1, clock=clock, costs=[1.0, 1.0, 2.5, 2.5])
+    tally.start("s1", 1.0)
+    tally.start("s2", 1.0)
+    clock.now += 600
+    tally.end("s1", failed=False)
+    tally.end("s2", failed=False)
+    # 600 s per unit of cost; two of 2.5 left, 2 at a time: 1,500 s, not the small ones' 600.
+    assert tally.eta_s() == pytest.approx(1500)
+    assert tally.line() == ("progress: 3/5 done, 0 running, 0 failed; ETA 25 min (mean trial 10 min, trials left "
+                            "weighted by their FLOPs, 2 at a time)")
+    tally.start("b1", 2.5)
+    clock.now += 300
+    # b1 is 300 s into its 1,500; b2 waits for the free slot: 1,500 s from now.
+    assert tally.eta_s() == pytest.approx(1500)
+    # A trial the plan did not hold (a new search sample) weighs the planned ones' mean.
+    tally.start("new")
+    assert tally.cost["new"] == pytest.approx(2.5) and tally.to_start == []
+
+
+def test_only_the_training_steps_scale_with_flops_not_a_trials_set_up():
+    """Tiny trials are mostly set-up and the last evaluation: scaling their whole time by FLOPs
+    would put a 4 times larger trial at 40 s where it takes 16."""
+    clock = Clock()
+    tally = Tally(total=2, clock=clock, costs=[1.0, 4.0])
+    tally.start("small", 1.0)
+    clock.now += 6  # set-up
+    tally.report("small", 0, total_steps=100)
+    clock.now += 2
+    tally.report("small", 100, total_steps=100)  # 50 steps/s: 2 s of training
+    clock.now += 2  # the last evaluation
+    tally.end("small", failed=False)
+    assert tally.durations == [10] and tally.overheads == [pytest.approx(8)]
+    assert tally.eta_s() == pytest.approx(8 + 2 * 4)
+
+
+def test_a_trial_cost_is_its_training_flops_per_worker(monkeypatch):
+    spec = SimpleNamespace(trial=SimpleNamespace(train=SimpleNamespace(total_steps=10, tokens_per_step=64)), workers=2)
+    monkeypatch.setattr(progress, "flops_per_token", lambda trial: 1e6)
+    assert progress.trial_cost(spec) == pytest.approx(1e6 * 10 * 64 / 2)
 
 
 def test_the_last_line_has_no_eta_and_times_read_in_seconds_minutes_or_hours():
@@ -98,6 +143,7 @@ def test_a_line_each_time_a_trial_ends_and_every_minute_while_none_does():
     table = ProgressTable(["init.gamma"], total=3)
     clock = Clock()
     table.tally = Tally(3, clock=clock)
+    table.cost_of = lambda spec: None  # stand-in specs: every trial weighs the same
     table.console = Console(file=io.StringIO(), width=300)  # not a terminal: lines, not a live table
     a, b, c = _trial("a", 0), _trial("b", 1), _trial("c", 2, failed=True)
     for t in (a, b):

@@ -53,7 +53,7 @@ def run_trials(conf: SmallinitSweeperConf, ray_cfg: dict[str, Any], plan: SweepP
     from ray import tune
     from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
 
-    from smallinit.sweeper.results.progress import ProgressTable
+    from smallinit.sweeper.results.progress import ProgressTable, trial_cost
     from smallinit.sweeper.study.searcher import StudySearcher
     from smallinit.sweeper.worker.trainable import METRIC, run_spec
 
@@ -70,7 +70,7 @@ def run_trials(conf: SmallinitSweeperConf, ray_cfg: dict[str, Any], plan: SweepP
         def stop_all(self):
             return searcher.aborted is not None
 
-    progress = ProgressTable(plan.space.swept_keys, plan.total, plan.skipped)
+    progress = ProgressTable(plan.space.swept_keys, plan.total, plan.skipped, [trial_cost(p.spec) for p in plan.pending])
     callbacks = [progress, CSVLoggerCallback(), JsonLoggerCallback()]
     if conf.tensorboard:
         from ray.tune.logger import TBXLoggerCallback

@@ -1,11 +1,13 @@
 """What the sweep shows while it runs: a live table in the terminal (trial, state, swept values,
 validation loss), and a progress line each time a trial ends and every HEARTBEAT_S seconds while
 none does: `progress: 3/8 done, 2 running (at 40%, 15%), 0 failed; ETA 4 min (mean trial 1.9 min, 2 at a time)`,
-the ETA worked out from the measured times of this run's trials (Tally)."""
+the ETA worked out from the measured times of this run's trials (Tally), each trial left
+weighted by its training FLOPs where the sweep's trials differ in size or budget."""
 
 from __future__ import annotations
 
 import heapq
+import math
 import sys
 import time
 from collections.abc import Callable
@@ -18,6 +20,7 @@ from rich.live import Live
 from rich.table import Table
 
 from smallinit.core.errors import first_line
+from smallinit.trainer.config import flops_per_token
 
 HEARTBEAT_S = 60.0  # a progress line at least this often while trials run and none ends
 
@@ -30,20 +33,38 @@ class Tally:
     A trial resumed from a checkpoint trains only its last steps in this run: its start-to-end
     time is not a trial's time. Where a trial reported its step twice or more (report), its step
     rate says how many steps it had before this run began, and those are added back at that
-    rate; a running trial's time left is its steps left at its rate."""
+    rate; a running trial's time left is its steps left at its rate.
 
-    def __init__(self, total: int, skipped: int = 0, clock: Callable[[], float] = time.monotonic):
+    Trials of one sweep may differ several times over in size or budget (d = 96 and 192 in one
+    grid): `costs`, each trial's training FLOPs in the order this run starts them (trial_cost),
+    make the time of a trial not ended yet the ended trials' mean overhead (set-up, the last
+    evaluation: a trial's time less its steps at its step rate) plus their training seconds per
+    FLOP times its own FLOPs. Without costs every trial weighs the same: the mean trial time."""
+
+    def __init__(self, total: int, skipped: int = 0, clock: Callable[[], float] = time.monotonic,
+                 costs: list[float | None] | None = None):
         self.total, self.skipped, self.clock = total, skipped, clock
         self.running: dict[str, float] = {}  # trial -> when it started
         self.reports: dict[str, dict] = {}  # trial -> its first and last (time, step) and total steps
         self.durations: list[float] = []  # of the trials of this run that completed or were pruned
+        self.ended_costs: list[float] = []  # their costs, in the same order
+        self.overheads: list[float] = []  # their time outside training steps, in the same order
+        known = [c for c in costs or [] if c]
+        self.unit = sum(known) / len(known) if known else 1.0  # the cost of a trial whose own is unknown
+        self.to_start = [c or self.unit for c in costs or []]  # costs of the planned trials not started yet
+        self.cost: dict[str, float] = {}  # running trial -> its cost
         self.done = self.failed = self.at_once = 0
         self.t0 = self.last_line = clock()
 
-    def start(self, key: str) -> None:
+    def start(self, key: str, cost: float | None = None) -> None:
         if key not in self.running:  # a retried trial keeps its first start
             self.running[key] = self.clock()
             self.at_once = max(self.at_once, len(self.running))
+            planned = next((i for i, c in enumerate(self.to_start) if cost is None or math.isclose(c, cost)), None)
+            if planned is not None:  # a new search sample was never planned: nothing to take off
+                cost = cost or self.to_start[planned]
+                del self.to_start[planned]
+            self.cost[key] = cost or self.unit
 
     def report(self, key: str, step: int, total_steps: int) -> None:
         """A trial's result row at `step` of `total_steps` (Tune's on_trial_result)."""
@@ -76,29 +97,45 @@ class Tally:
             self.failed += 1
         else:
             self.done += 1
-            self.durations.append(self._trial_time(key, started, self.clock()))
+            duration, rate = self._trial_time(key, started, self.clock()), self._rate(key)
+            self.durations.append(duration)
+            self.ended_costs.append(self.cost.get(key, self.unit))
+            steps = self.reports[key]["total"] if rate else 0
+            self.overheads.append(min(duration, max(0.0, duration - steps / rate)) if rate and steps else 0.0)
         self.reports.pop(key, None)
+        self.cost.pop(key, None)
         return True
 
-    def _time_left(self, key: str, started: float, mean: float, now: float) -> float:
+    def _seconds(self, cost: float) -> float:
+        """How long a trial of this cost takes: the mean overhead, and its training at the seconds
+        per unit of cost measured so far."""
+        overhead = sum(self.overheads) / len(self.overheads)
+        return overhead + (sum(self.durations) - sum(self.overheads)) / sum(self.ended_costs) * cost
+
+    def _time_left(self, key: str, started: float, now: float) -> float:
         rate = self._rate(key)
         if rate is None:
-            return max(0.0, mean - (now - started))
+            return max(0.0, self._seconds(self.cost.get(key, self.unit)) - (now - started))
         t2, s2 = self.reports[key]["last"]
         return max(0.0, (self.reports[key]["total"] - s2) / rate - (now - t2))
 
+    def _waiting_costs(self) -> list[float]:
+        """The costs of the trials not started yet, in the order they start (unplanned ones, new
+        search samples, at the planned trials' mean)."""
+        return (self.to_start + [self.unit] * self.waiting)[:self.waiting]
+
     def eta_s(self) -> float | None:
-        """Seconds until the last trial ends: the running ones finish at their step rate (the mean
-        trial time before they report twice) and the ones not started yet follow, as many at a
+        """Seconds until the last trial ends: the running ones finish at their step rate (their
+        expected time before they report twice) and the ones not started yet follow, as many at a
         time as ran at once."""
         if not self.durations:
             return None
-        mean, now = sum(self.durations) / len(self.durations), self.clock()
-        slots = [self._time_left(k, t0, mean, now) for k, t0 in self.running.items()]
+        now = self.clock()
+        slots = [self._time_left(k, t0, now) for k, t0 in self.running.items()]
         slots += [0.0] * max(0, max(1, self.at_once) - len(slots))
         heapq.heapify(slots)
-        for _ in range(self.waiting):
-            heapq.heappush(slots, heapq.heappop(slots) + mean)
+        for cost in self._waiting_costs():
+            heapq.heappush(slots, heapq.heappop(slots) + self._seconds(cost))
         return max(slots)
 
     @property
@@ -116,7 +153,11 @@ class Tally:
         if eta is None:
             return f"{text}; ETA once a trial ends ({_minutes(self.clock() - self.t0)} in)"
         mean = sum(self.durations) / len(self.durations)
-        return f"{text}; ETA {_minutes(eta)} (mean trial {_minutes(mean, 1)}, {max(1, self.at_once)} at a time)"
+        left = [*self.cost.values(), *self._waiting_costs()]
+        ended = sum(self.ended_costs) / len(self.ended_costs)
+        weighted = (", trials left weighted by their FLOPs"
+                    if left and not math.isclose(sum(left) / len(left), ended, rel_tol=0.1) else "")
+        return f"{text}; ETA {_minutes(eta)} (mean trial {_minutes(mean, 1)}{weighted}, {max(1, self.at_once)} at a time)"
 
     def _how_far(self) -> str:
         """' (at 21%, 5%)': the running trials' furthest reported step of their total, so a
@@ -138,17 +179,27 @@ def _minutes(seconds: float, digits: int = 0) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
+def trial_cost(spec) -> float:
+    """A trial's training FLOPs per worker (its planned tokens at trainer.config.flops_per_token):
+    what the ETA weighs trials by. Evaluation is left out; on one machine time follows it closely
+    enough to tell a d = 192 trial from a d = 96 one."""
+    train = spec.trial.train
+    return flops_per_token(spec.trial) * train.total_steps * train.tokens_per_step / max(1, spec.workers)
+
+
 class ProgressTable(tune.Callback):
     """Driven by Tune's callbacks on the driver. On a non-terminal (CI logs, pipes) it
-    prints one line per state change instead of redrawing."""
+    prints one line per state change instead of redrawing. `costs`: the planned trials' costs
+    (trial_cost) in the order they start."""
 
-    def __init__(self, swept_keys: list[str], total: int, skipped: int = 0):
-        self.swept_keys, self.total, self.skipped = swept_keys, total, skipped
+    def __init__(self, swept_keys: list[str], total: int, skipped: int = 0, costs: list[float] | None = None):
+        self.swept_keys, self.total, self.skipped, self.costs = swept_keys, total, skipped, costs
         self.rows: dict[str, dict[str, Any]] = {}
         self.console = Console(file=sys.stdout)
         self.live: Live | None = None
         self.t0 = time.time()
-        self.tally = Tally(total, skipped)
+        self.tally = Tally(total, skipped, costs=costs)
+        self.cost_of: Callable[[Any], float | None] = trial_cost
 
     def _row(self, trial) -> dict[str, Any]:
         if trial.trial_id not in self.rows:
@@ -192,10 +243,10 @@ class ProgressTable(tune.Callback):
             self.console.print(f"trial {row['number']} {row['state']} {params}{val}", highlight=False)
 
     def __getstate__(self) -> dict:  # Tune pickles callbacks at start; the console does not pickle
-        return {"swept_keys": self.swept_keys, "total": self.total, "skipped": self.skipped}
+        return {"swept_keys": self.swept_keys, "total": self.total, "skipped": self.skipped, "costs": self.costs}
 
     def on_trial_start(self, iteration, trials, trial, **info):
-        self.tally.start(trial.trial_id)
+        self.tally.start(trial.trial_id, self.cost_of(trial.config["spec"]))
         self._update(trial, "RUNNING")
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
