@@ -80,7 +80,7 @@ def test_a_trial_resumed_from_a_checkpoint_counts_as_a_whole_trial_at_its_step_r
 
 def test_trials_of_other_sizes_are_weighted_by_their_flops():
     """A grid of two widths, the small ones first (the widths check: d = 96, then d = 192 at about
-    2.2 times the FLOPs): the mean of the small trials alone would put the end far too early."""
+    2.9 times the FLOPs): the mean of the small trials alone would put the end far too early."""
     clock = Clock()
     tally = Tally(total=5, skipped=1, clock=clock, costs=[1.0, 1.0, 2.5, 2.5])
     tally.start("s1", 1.0)
