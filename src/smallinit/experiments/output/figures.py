@@ -114,6 +114,17 @@ def _kilo(ax) -> None:
     ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda x, _: f"{x / 1e3:g}k" if x else "0"))
 
 
+def label_panel(ax, title: str, xlabel: str, ylabel: str, legend: float | None = 7, title_size: float | None = None,
+                **legend_kw) -> None:
+    """A panel's title, axis labels (with units, which check_labels asks of every axis), grid and legend."""
+    ax.set_title(title, **({"fontsize": title_size} if title_size else {}))
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    if legend:
+        ax.legend(fontsize=legend, **legend_kw)
+
+
 def metric_vs_gamma(df: pd.DataFrame, value: str, ylabel: str, title: str, best: pd.DataFrame | None = None,
                     hline: str | None = None, logy: bool = False):
     """One panel per size; a line per setting through the seed means, seeds as dots, the
@@ -137,11 +148,7 @@ def metric_vs_gamma(df: pd.DataFrame, value: str, ylabel: str, title: str, best:
             ax.axhline(d[hline].mean(), color="grey", ls=":", lw=1, label="unigram entropy")
         if logy:
             ax.set_yscale("log")
-        ax.set_title(size, fontsize=10)
-        ax.set_xlabel(GAMMA)
-        ax.set_ylabel(ylabel)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        label_panel(ax, size, GAMMA, ylabel, title_size=10)
     fig.suptitle(title)
     fig.tight_layout()
     return fig
@@ -156,12 +163,8 @@ def loss_curves(curves: pd.DataFrame):
         for variant, g in d.groupby("variant"):
             m = g.groupby("tokens")["val_loss"].mean()
             ax.plot(m.index, m.values, label=variant, lw=1.4, **styles[variant])
-        ax.set_title(size, fontsize=10)
         _kilo(ax)
-        ax.set_xlabel("training tokens [tokens]")
-        ax.set_ylabel(LOSS_Y)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        label_panel(ax, size, "training tokens [tokens]", LOSS_Y, title_size=10)
     fig.suptitle("Validation loss during training (mean over seeds)")
     fig.tight_layout()
     return fig
@@ -317,11 +320,8 @@ def saturation(rb: pd.DataFrame, trained: pd.DataFrame | None):
                         label=f"γ={gamma:g}, eps={eps:g}")
     ax.set_xscale("log", base=2)
     ax.set_ylim(-0.02, 1.05)
-    ax.set_xlabel("width d_model [channels]")
-    ax.set_ylabel("var/(var+eps) of norm inputs [unitless]")
-    ax.set_title("At init across widths (no training)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, ncol=2)
+    label_panel(ax, "At init across widths (no training)", "width d_model [channels]",
+                "var/(var+eps) of norm inputs [unitless]", ncol=2)
     if n == 2:
         ax = axes[0, 1]
         colors = color_map(trained["label"])
@@ -330,11 +330,8 @@ def saturation(rb: pd.DataFrame, trained: pd.DataFrame | None):
                 m = g.groupby("gamma")[when].mean()
                 ax.plot(m.index, m.values, marker=mk, ls=ls, color=colors[label], label=f"{label} ({when})")
         ax.set_ylim(-0.02, 1.05)
-        ax.set_xlabel(GAMMA)
-        ax.set_ylabel("var/(var+eps) of norm inputs [unitless]")
-        ax.set_title("Trained trials: at step 0 (dashed) and at the end")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=6)
+        label_panel(ax, "Trained trials: at step 0 (dashed) and at the end", GAMMA,
+                    "var/(var+eps) of norm inputs [unitless]", legend=6)
     fig.suptitle("RMSNorm saturation: near 0 means eps swamps the signal")
     fig.tight_layout()
     return fig
@@ -349,11 +346,8 @@ def attention_sink(df: pd.DataFrame):
             agg = g.groupby("gamma")[when].agg(["mean", "std", "count"]).reset_index()
             ax.errorbar(agg["gamma"], agg["mean"], yerr=agg["std"].where(agg["count"] > 1), marker="o", ms=4,
                         capsize=3, color=colors[label], label=label)
-        ax.set_xlabel(GAMMA)
-        ax.set_ylabel("attention on token 0 [fraction of attention]")
-        ax.set_title("at init (step 0)" if when == "sink_init" else "end of training")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        label_panel(ax, "at init (step 0)" if when == "sink_init" else "end of training", GAMMA,
+                    "attention on token 0 [fraction of attention]")
     fig.suptitle("First-token attention (attention sink) against γ and the gate")
     fig.tight_layout()
     return fig

@@ -9,7 +9,7 @@ import matplotlib.ticker
 import numpy as np
 import pandas as pd
 
-from .figures import GAMMA, LINESTYLES, LOSS_Y, STEP, _grid, color_map, plt
+from .figures import GAMMA, LINESTYLES, LOSS_Y, STEP, _grid, color_map, label_panel, plt
 
 GAP_Y = "paired gap A − B [nats/token]"
 WIDTH_X = "width d_model [units, log scale]"
@@ -40,11 +40,7 @@ def loss_vs_gamma_by_lr(all_trials: pd.DataFrame, metric: str, lr_col: str = "lr
             ax.scatter([env.idxmin()], [env.min()], marker="*", s=180, color=c, edgecolor="k", zorder=5)
         if "unigram_entropy" in d and d["unigram_entropy"].notna().any():
             ax.axhline(d["unigram_entropy"].mean(), color="grey", ls=":", lw=1, label="unigram entropy")
-        ax.set_title(size, fontsize=10)
-        ax.set_xlabel(GAMMA)
-        ax.set_ylabel(LOSS_Y)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=6)
+        label_panel(ax, size, GAMMA, LOSS_Y, legend=6, title_size=10)
     fig.suptitle("Final validation loss against γ: one line per lr, thick = each γ at its own best lr")
     fig.tight_layout()
     return fig
@@ -69,11 +65,7 @@ def loss_vs_lr(all_trials: pd.DataFrame, metric: str, chosen: pd.DataFrame, lr_c
                 ax.scatter([pick[lr_col].iloc[0]], [pick[metric].mean()], marker="*", s=180, color=c, edgecolor="k",
                            zorder=5)
         ax.set_xscale("log")
-        ax.set_title(size, fontsize=10)
-        ax.set_xlabel("peak learning rate [1/step, log scale]")
-        ax.set_ylabel(LOSS_Y)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=6)
+        label_panel(ax, size, "peak learning rate [1/step, log scale]", LOSS_Y, legend=6, title_size=10)
     fig.suptitle("Final validation loss against learning rate (star: each variant's best lr)")
     fig.tight_layout()
     return fig
@@ -94,10 +86,7 @@ def gap_over_training(items: list[tuple[str, list[dict]]]):
         ax.fill_between(steps, lo, hi, color="C0", alpha=0.25, lw=0)
         ax.plot(steps, diff, color="C0", marker="o", ms=3, lw=1.4)
         ax.axhline(0, color="k", lw=0.8)
-        ax.set_title(_wrap(label), fontsize=8)
-        ax.set_xlabel(STEP)
-        ax.set_ylabel(GAP_Y)
-        ax.grid(alpha=0.3)
+        label_panel(ax, _wrap(label), STEP, GAP_Y, legend=None, title_size=8)
     fig.suptitle("Paired gap over training (mean over seed pairs, 95% interval; shaded: last quarter)")
     fig.tight_layout()
     return fig
@@ -126,11 +115,8 @@ def width_trend(trend):
     ax.set_xticks(d)
     ax.set_xticklabels([f"{int(x)}" for x in d])
     ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-    ax.set_xlabel(WIDTH_X)
-    ax.set_ylabel("recipe − baseline [nats/token]")
-    ax.set_title("Recipe against baseline over width (each at its own best lr)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    label_panel(ax, "Recipe against baseline over width (each at its own best lr)", WIDTH_X,
+                "recipe − baseline [nats/token]")
     fig.tight_layout()
     return fig
 
