@@ -78,6 +78,27 @@ def test_a_trial_resumed_from_a_checkpoint_counts_as_a_whole_trial_at_its_step_r
     assert tally.durations[1] == pytest.approx(105)  # a fresh start: its own start-to-end time
 
 
+def test_the_last_trials_of_a_resumed_sweep_are_timed_by_their_step_rates_before_any_ends():
+    """The widths check restarted with 22 of 24 done and its last 2 resumed: no trial of this run
+    had ended, so for half an hour the line said only 'ETA once a trial ends'. With nothing
+    waiting and every running trial at a measured rate, their steps left give the ETA."""
+    clock = Clock()
+    tally = Tally(total=24, skipped=22, clock=clock)
+    tally.start("a")
+    tally.start("b")
+    clock.now += 30
+    tally.report("a", 100, total_steps=1000)
+    tally.report("b", 50, total_steps=1000)
+    assert tally.eta_s() is None  # one report each: no rate yet
+    clock.now += 10
+    tally.report("a", 200, total_steps=1000)  # 10 steps/s: 800 left, 80 s
+    tally.report("b", 100, total_steps=1000)  # 5 steps/s: 900 left, 180 s
+    assert tally.eta_s() == pytest.approx(180)
+    assert tally.line() == ("progress: 22/24 done, 2 running (at 20%, 10%), 0 failed; "
+                            "ETA 3 min (the running trials at their step rates)")
+    assert Tally(total=25, skipped=22, clock=clock).eta_s() is None  # one waits: its time is unknown
+
+
 def test_trials_of_other_sizes_are_weighted_by_their_flops():
     """A grid of two widths, the small ones first (the widths check: d = 96, then d = 192 at about
     2.9 times the FLOPs): the mean of the small trials alone would put the end far too early."""

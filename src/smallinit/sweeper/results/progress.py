@@ -127,16 +127,24 @@ class Tally:
     def eta_s(self) -> float | None:
         """Seconds until the last trial ends: the running ones finish at their step rate (their
         expected time before they report twice) and the ones not started yet follow, as many at a
-        time as ran at once."""
-        if not self.durations:
-            return None
+        time as ran at once. Before any trial of this run ends, only the trials running now (the
+        last of a resumed sweep, each at its step rate) can be timed."""
         now = self.clock()
+        if not self.durations:
+            return self._running_left(now)
         slots = [self._time_left(k, t0, now) for k, t0 in self.running.items()]
         slots += [0.0] * max(0, max(1, self.at_once) - len(slots))
         heapq.heapify(slots)
         for cost in self._waiting_costs():
             heapq.heappush(slots, heapq.heappop(slots) + self._seconds(cost))
         return max(slots)
+
+    def _running_left(self, now: float) -> float | None:
+        """Seconds until the running trials end, where they are all that is left and each has a
+        step rate; else None."""
+        if self.waiting or not self.running or any(self._rate(k) is None for k in self.running):
+            return None
+        return max(self._time_left(k, t0, now) for k, t0 in self.running.items())
 
     @property
     def waiting(self) -> int:
@@ -152,6 +160,8 @@ class Tally:
         eta = self.eta_s()
         if eta is None:
             return f"{text}; ETA once a trial ends ({_minutes(self.clock() - self.t0)} in)"
+        if not self.durations:
+            return f"{text}; ETA {_minutes(eta)} (the running trials at their step rates)"
         mean = sum(self.durations) / len(self.durations)
         left = [*self.cost.values(), *self._waiting_costs()]
         ended = sum(self.ended_costs) / len(self.ended_costs)
