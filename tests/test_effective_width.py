@@ -42,12 +42,27 @@ def test_a_known_ratio_inside_the_widths_is_recovered_with_an_interval_that_hold
 def test_beyond_the_widest_baseline_the_answer_is_a_bound():
     r = effective_width(*tables(4.0), n_self=N[128])
     assert r["kind"] == "above" and r["ratio"] == pytest.approx(N[192] / N[128])
-    assert r["ratio_ci"] is None and r["text"].startswith("N_eff/N > 2.25")
+    assert r["ratio_ci"] is None and r["text"].startswith("N_eff/N > 2.25 on the seed means")
+
+
+def test_a_bound_says_how_far_past_the_edge_width_the_recipe_sits_and_what_the_data_still_guarantee():
+    """Far past the widest width (a ratio of 4 where the widths reach 2.25) the paired gap to it
+    excludes 0 and the guaranteed ratio is the bound itself; a hair past it (2.3, inside the
+    seeds' spread) the interval holds 0 and its far end reads back inside the widths."""
+    far = effective_width(*tables(4.0), n_self=N[128])["edge"]
+    assert far["seeds"] == 6 and far["ci"][1] < 0 < -far["gap"]
+    assert far["limit"] == pytest.approx(N[192] / N[128])
+    near = effective_width(*tables(2.3, noise=0.02, seed=3), n_self=N[128])
+    lo, hi = near["edge"]["ci"]
+    assert near["kind"] == "above" and lo < 0 < hi
+    assert 1.0 < near["edge"]["limit"] < N[192] / N[128]
+    assert f"N_eff/N ≥ {near['edge']['limit']:.3g} at the interval's end" in near["text"]
 
 
 def test_below_the_narrowest_baseline_the_answer_is_a_bound():
     r = effective_width(*tables(0.3), n_self=N[128])
-    assert r["kind"] == "below" and r["text"].startswith("N_eff/N < 0.565")
+    assert r["kind"] == "below" and r["text"].startswith("N_eff/N < 0.565 on the seed means")
+    assert r["edge"]["ci"][0] > 0 and "N_eff/N ≤ 0.565 at the interval's end" in r["text"]
 
 
 def test_a_bump_in_the_baseline_curve_gives_one_crossing():
