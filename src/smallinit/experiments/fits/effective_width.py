@@ -88,7 +88,8 @@ def edge_gap(baseline: pd.DataFrame, recipe: pd.DataFrame, curve: pd.Series, log
              above: bool) -> dict:
     """recipe − baseline at the edge width the recipe reads past (the widest when above), paired by
     seed, and the reading at the interval's end nearest the measured widths: the N_eff/N the data
-    still guarantee (a reading inside the widths), or the edge itself where even that end is past it."""
+    still guarantee (a reading inside the widths), or the edge itself where even that end is past it.
+    The limit reads that end on the seed-mean curve: the curve's own noise between widths is not in it."""
     edge = curve.index.max() if above else curve.index.min()
     at_edge = baseline[baseline["n_params"] == edge].groupby("seed")["loss"].mean()
     diff = (recipe.groupby("seed")["loss"].mean() - at_edge).dropna().to_numpy()
@@ -117,7 +118,8 @@ def describe(r: dict) -> str:
 
 
 def _edge_text(edge: dict | None, sign: str) -> str:
-    """' (by 0.0047 [-0.0151, +0.0056] paired over 6 seeds; N_eff/N ≥ 1.85 at the interval's end)'."""
+    """' (recipe − that width -0.0047 [-0.0151, +0.0056] paired over 6 seeds; N_eff/N ≥ 1.84 at the
+    interval's end)'."""
     if not edge or edge["seeds"] < 2:
         return ""
     lo, hi = edge["ci"]
