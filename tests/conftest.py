@@ -113,6 +113,20 @@ def trial_config(compose):
     return lambda *overrides: trial_config_from_dict(compose(*overrides))
 
 
+class StopAt:
+    """A reporter that interrupts the run, as Ctrl-C would, once step k has been logged."""
+
+    def __init__(self, k):
+        self.k = k
+
+    def log(self, step, metrics):
+        if step >= self.k:
+            raise KeyboardInterrupt
+
+    def close(self):
+        pass
+
+
 def run_cli(args: list[str], cwd: Path, timeout: float = 600, env: dict | None = None):
     """Run `python sweep.py ARGS` as a user would, from cwd, and return the CompletedProcess."""
     full_env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.join(REPO, "src"), str(REPO)]), **(env or {})}

@@ -21,7 +21,7 @@ from smallinit.trainer.config import OptimConfig
 from smallinit.trainer.loop import run_trial
 from smallinit.trainer.schedule import Branch, branch_lr_at, budget_branches, lr_at
 
-from .conftest import REPO, TINY, sweep
+from .conftest import REPO, TINY, StopAt, sweep
 
 # TINY trains 128 tokens a step: budgets of 10, 20 and 22 steps, cooldowns of 2, 4 and 4 steps,
 # forks at steps 8, 16 and 18. The last budget forks (18) before the middle one ends (20).
@@ -36,20 +36,6 @@ def _quiet(lines: list[str]):
 
 def _budget(d: TrialDir, tokens: int) -> dict:
     return json.loads(d.budget_json(tokens).read_text())
-
-
-class _StopAt:
-    """A reporter that interrupts the run, as Ctrl-C would, once step k has been logged."""
-
-    def __init__(self, k):
-        self.k = k
-
-    def log(self, step, metrics):
-        if step >= self.k:
-            raise KeyboardInterrupt
-
-    def close(self):
-        pass
 
 
 def test_budgets_replace_max_tokens_and_bad_values_are_one_line_errors(trial_config):
@@ -198,7 +184,7 @@ def test_the_results_table_has_a_row_per_budget(trial_config, tmp_path):
     plain = trial_config("train.seed=2")
     run_trial(done, TrialDir.in_sweep(tmp_path, done.identity()).path, log=lambda *_: None)
     with pytest.raises(KeyboardInterrupt):  # half done: the first budget recorded, stopped at step 12
-        run_trial(half, TrialDir.in_sweep(tmp_path, half.identity()).path, reporter=_StopAt(12), log=lambda *_: None)
+        run_trial(half, TrialDir.in_sweep(tmp_path, half.identity()).path, reporter=StopAt(12), log=lambda *_: None)
     plain_dir = TrialDir.in_sweep(tmp_path, plain.identity())
     plain_dir.write_sweep_plan({}, [], plain.identity(), plain.to_dict())  # planned, never started
     states = {done.identity(): {"number": 0, "state": "COMPLETE"}, half.identity(): {"number": 1, "state": "RUNNING"},

@@ -28,7 +28,7 @@ from smallinit.trainer.config import OptimConfig, TrainConfig, TrialConfig
 from smallinit.trainer.loop import TrialResult, _budgets_done, run_trial
 from smallinit.trainer.schedule import Branch
 
-from .conftest import REPO
+from .conftest import REPO, StopAt
 
 DISTS = {"init.gamma": FloatDistribution(0.5, 2.0)}
 
@@ -184,11 +184,11 @@ def test_a_resume_past_a_foreign_budget_file_trains_again_from_step_0(trial_conf
     """Real: stopped at step 15 with a checkpoint at 12, past the 1280-token fork (8); that
     budget's file replaced by another trial's. The resume trains from step 0, runs the branch,
     and its result is the one the first run wrote."""
-    from .test_budgets import BUDGETS, _quiet, _StopAt
+    from .test_budgets import BUDGETS, _quiet
 
     trial, d = trial_config(*BUDGETS), TrialDir(tmp_path / "run")
     with pytest.raises(KeyboardInterrupt):
-        run_trial(trial, d.path, reporter=_StopAt(13), log=lambda *_: None)
+        run_trial(trial, d.path, reporter=StopAt(13), log=lambda *_: None)
     own = d.read_budget_result(1280)
     assert own["identity"] == trial.identity() and not d.finished
     d.write_budget_result(1280, {**own, "identity": "0123456789ab", "final_val_loss": 1.0})

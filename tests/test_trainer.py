@@ -14,7 +14,7 @@ from smallinit.model import ConfigError
 from smallinit.trainer.config import OptimConfig, trial_config_from_dict
 from smallinit.trainer.loop import TrialDiverged, flops_per_token, lr_at, run_trial
 
-from .conftest import run_cli
+from .conftest import StopAt, run_cli
 
 
 def _losses(out_dir):
@@ -80,25 +80,11 @@ def test_outputs_of_a_trial(trial_config, tmp_path):
     assert (tmp_path / "metrics.jsonl").stat().st_mtime_ns == before
 
 
-class _StopAt:
-    """A reporter that interrupts the run, as Ctrl-C would, once step k has been logged."""
-
-    def __init__(self, k):
-        self.k = k
-
-    def log(self, step, metrics):
-        if step >= self.k:
-            raise KeyboardInterrupt
-
-    def close(self):
-        pass
-
-
 def test_resume_gives_the_same_final_loss(trial_config, tmp_path):
     trial = trial_config("train.max_tokens=2048")  # 16 steps, checkpoints every 4
     straight = run_trial(trial, tmp_path / "straight", log=lambda *_: None)
     with pytest.raises(KeyboardInterrupt):
-        run_trial(trial, tmp_path / "resumed", reporter=_StopAt(9), log=lambda *_: None)
+        run_trial(trial, tmp_path / "resumed", reporter=StopAt(9), log=lambda *_: None)
     assert TrialDir(tmp_path / "resumed").read_result() is None
     resumed = run_trial(trial, tmp_path / "resumed", log=lambda *_: None)
     assert resumed.final_val_loss == straight.final_val_loss
