@@ -98,7 +98,11 @@ def make_optimizer(model: torch.nn.Module, optim) -> torch.optim.AdamW:
     decay = [p for p in model.parameters() if p.ndim >= 2]
     no_decay = [p for p in model.parameters() if p.ndim < 2]
     groups = [{"params": decay, "weight_decay": optim.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=optim.lr, betas=optim.betas, eps=optim.eps)
+    # The fused kernel does the whole update in one pass per tensor: at d = 128 on a CPU the
+    # per-parameter loops of the default cost ~15% of a step. Sharded (DTensor) parameters keep
+    # the default, which every torch version supports for them.
+    fused = not any(hasattr(p, "full_tensor") for p in model.parameters())
+    return torch.optim.AdamW(groups, lr=optim.lr, betas=optim.betas, eps=optim.eps, fused=fused or None)
 
 
 def run_trial(trial: TrialConfig, out_dir: Path, reporter: Reporter | None = None, log=print, prepared=None,

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from smallinit.data.pipeline import TrainBatches
 from smallinit.model import Transformer
-from smallinit.trainer.loop import lr_at
+from smallinit.trainer.loop import lr_at, make_optimizer
 from smallinit.trainer.machine.host_memory import retain_freed_memory
 from smallinit.trainer.machine.precision import autocast_for, resolve_device, resolve_dtype
 
@@ -37,11 +37,7 @@ def bare_loop(trial, data, steps: int | None = None) -> dict[str, float]:
         retain_freed_memory()
     t0 = time.perf_counter()
     model = Transformer(trial.model).to(device)
-    decay = [p for p in model.parameters() if p.ndim >= 2]
-    no_decay = [p for p in model.parameters() if p.ndim < 2]
-    optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": o.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=o.lr, betas=o.betas, eps=o.eps)
+    optimizer = make_optimizer(model, o)
     batches = TrainBatches(data.train_tokens(), t.batch_size, t.seq_len, t.seed)
     model.train()
     _sync(device)
