@@ -53,7 +53,7 @@ def test_experiment_composes_into_its_grid(experiment, data_cache):
         for t in trials:  # Chinchilla: 20 tokens per active parameter
             ungated = t.model.replace(attn=dataclasses.replace(t.model.attn, gate="none"))
             assert t.train.max_tokens == pytest.approx(20 * ungated.num_params(active=True), rel=1e-6)
-            assert t.train.compile and t.model.vocab_size == 32768
+            assert t.train.compile == "true" and t.model.vocab_size == 32768
 
 
 def test_scaling_arms_pair_the_papers_recipes(data_cache):

@@ -373,3 +373,35 @@ def test_moe_forward_shape_preserved():
     out, aux = moe(x)
     assert out.shape == x.shape and aux.shape == ()
     assert F.mse_loss(out, torch.zeros_like(out)) > 0
+
+
+@pytest.mark.parametrize("kv_heads", [None, 1])
+def test_cpu_bf16_attention_matches_the_fused_kernel(kv_heads):
+    """Under bf16 autocast on a CPU attention takes its own path (two bf16 matmuls around an fp32
+    softmax, faster there than torch's fused kernel): same outputs and gradients within bf16's
+    rounding, causal, with GQA."""
+    from smallinit.model.layers import Attention
+
+    torch.manual_seed(0)
+    cfg = tiny_cfg(n_kv_heads=kv_heads) if kv_heads else tiny_cfg()
+    attn = Attention(cfg)
+    for p in attn.parameters():
+        torch.nn.init.normal_(p, std=cfg.d_model**-0.5)
+    q, k, v = (torch.randn(2, cfg.n_heads if i == 0 else attn.n_kv_heads, 16, cfg.head_dim, dtype=torch.bfloat16,
+                           requires_grad=True) for i in range(3))
+    own = attn._attention_cpu_bf16(q, k, v)
+    fused = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=attn.n_kv_heads != attn.n_heads)
+    assert own.dtype == torch.bfloat16 and own.shape == fused.shape
+    assert torch.allclose(own.float(), fused.float(), atol=2e-2, rtol=2e-2)
+    g_own = torch.autograd.grad(own.float().square().sum(), (q, k, v))
+    g_fused = torch.autograd.grad(fused.float().square().sum(), (q, k, v))
+    for a, b in zip(g_own, g_fused, strict=True):
+        assert torch.allclose(a.float(), b.float(), atol=5e-2, rtol=5e-2)
+    x = torch.randn(2, 16, cfg.d_model)
+    cos, sin = rope_tables(cfg.head_dim, 16, cfg.rope_theta)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        first = attn(x, cos, sin)
+        x2 = x.clone()
+        x2[:, 8:] = torch.randn(2, 8, cfg.d_model)  # later tokens change: earlier outputs must not
+        second = attn(x2, cos, sin)
+    assert torch.equal(first[:, :8], second[:, :8])

@@ -55,3 +55,16 @@ def test_bf16_cpu_trial_runs_end_to_end_and_records_its_dtype(trial_config, tmp_
     assert result.dtype == "bf16"
     assert any(line.startswith("dtype: bf16") for line in lines)
     assert math.isfinite(result.final_val_loss) and result.final_val_loss < result.unigram_entropy + 2
+
+
+def test_the_timed_ratio_takes_each_dtypes_best_round_alternating(monkeypatch):
+    calls = []
+    rates = {torch.float32: iter([50.0, 90.0, 70.0]), torch.bfloat16: iter([20.0, 300.0, 280.0])}
+
+    def fake(dtype):
+        calls.append(dtype)
+        return next(rates[dtype])
+
+    monkeypatch.setattr(precision, "_matmul_gflops", fake)
+    assert precision.timed_bf16_ratio() == (90.0, 300.0)
+    assert calls == [torch.float32, torch.bfloat16] * 3  # a burst of load lands on both

@@ -61,7 +61,6 @@ def test_a_preset_and_an_experiment_built_in_python_are_the_command_lines(compos
     (["data=anchor", "data.vocab_size=50"], "data.vocab_size=50 is invalid: data has no key 'vocab_size'"),
     (["init.gamma=abc"], "init.gamma=abc is invalid: must be a number"),
     (["train.batch_size=1.5"], "train.batch_size=1.5 is invalid: must be an integer"),
-    (["train.compile=maybe"], "train.compile=maybe is invalid: must be true or false"),
     (["optim.betas=[a,0.95]"], "optim.betas=[a,0.95] is invalid: must be a list of numbers"),
     (["train.budgets=4096"], "train.budgets=4096 is invalid: must be a list of integers or null"),
     (["model.d_model=wide"], "model.d_model=wide is invalid: must be an integer or null"),

@@ -172,6 +172,7 @@ BAD_INPUT = [
     (["init.gamma=0.5,-1"], "init.gamma=-1 is invalid"),
     (["norm.eps=-1e-5"], "norm.eps=-1e-05 is invalid: must be >= 0"),
     (["attn.gate=sideways"], "attn.gate='sideways' is invalid: one of"),
+    (["train.compile=maybe"], "train.compile='maybe' is invalid: one of ['auto', 'true', 'false']"),
     (["norm.type=batchnorm"], "norm.type='batchnorm' is invalid: one of"),
     (["model.n_heads=3"], "model.n_heads=3 is invalid: must divide model.d_model"),
     (["model.ffn={type: moe, n_experts: 4, top_k: 8}"], "ffn.top_k=8 is invalid: must be <= ffn.n_experts (4)"),

@@ -15,4 +15,5 @@ share, cpu/ and gpu/ the benchmarks of one kind of machine.
 """
 
 BENCHMARKS = ("trainer_vs_bare", "probe_overhead", "sweep_overhead", "sweep_overhead_make_sweep", "dp_scaling", "data_prep",
-              "cpu_bf16_speedup", "cpu_mfu", "cpu_mfu_by_width", "cpu_allocator", "cpu_compile", "gpu_mfu")
+              "cpu_bf16_speedup", "cpu_mfu", "cpu_mfu_by_width", "cpu_allocator", "cpu_compile", "trainer_vs_reference", "crossover_end_to_end",
+              "cpu_precision_check", "gpu_mfu")

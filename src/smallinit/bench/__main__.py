@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         progress(",".join(names), f"done in {time.perf_counter() - t0:.0f} s")
 
     from . import data_bench, dp_bench, sweep_bench, trainer_bench
-    from .cpu import allocator_bench, compile_bench, cpu_bench, cpu_width_bench
+    from .cpu import allocator_bench, compile_bench, cpu_bench, cpu_width_bench, speed_bench
     from .gpu import gpu_bench
 
     attempt(["data_prep"], lambda _: {"data_prep": data_bench.run(settings)})
@@ -77,6 +77,9 @@ def main(argv: list[str] | None = None) -> int:
     attempt(["cpu_mfu_by_width"], lambda _: {"cpu_mfu_by_width": cpu_width_bench.run(settings)})
     attempt(["cpu_allocator"], lambda _: {"cpu_allocator": allocator_bench.run(settings)})
     attempt(["cpu_compile"], lambda _: {"cpu_compile": compile_bench.run(settings)})
+    attempt(["cpu_precision_check"], lambda _: {"cpu_precision_check": speed_bench.cpu_precision_check(settings)})
+    attempt(["trainer_vs_reference"], lambda _: {"trainer_vs_reference": speed_bench.trainer_vs_reference(settings)})
+    attempt(["crossover_end_to_end"], lambda _: {"crossover_end_to_end": speed_bench.crossover_end_to_end(settings)})
     attempt(["sweep_overhead", "sweep_overhead_make_sweep"], lambda names: sweep_bench.split(sweep_bench.run(settings), names))
     attempt(["dp_scaling"], lambda _: {"dp_scaling": dp_bench.run(settings)})
     attempt(["gpu_mfu"], lambda _: {"gpu_mfu": gpu_bench.run(settings)})

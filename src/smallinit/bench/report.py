@@ -135,6 +135,24 @@ def rows(benchmarks: dict[str, dict]) -> list[list[str]]:
             out.append([name, _f(e["ratio"], ".2f"), "-", "recorded", f"eager {b['wall_s']:.1f} s",
                         f"compiled {m['wall_s_warm']:.1f} s", str(e["repeats"]),
                         f"{e['steps']} steps, fresh process each{cold}; steps alone {e['step_ratio']:.2f}x; {e['decision']}"])
+        elif name == "trainer_vs_reference":
+            out.append([name, _f(e["ratio"]), _target(e["target"]), _verdict(e), "reference loop (compiled)",
+                        "run_trial (train.compile=true)", str(e["repeats"]),
+                        f"lower of the widths, {e['dtype']} ({e['dtype_reason']})"])
+            for d, w in e["shapes"].items():
+                out.append([f"  {d}", _f(w["ratio"]), _target(e["target"]), {True: "PASS", False: "MISS"}[w["ratio"] >= e["target"]["value"]],
+                            f"{w['reference_tokens_per_s']:,.0f} tok/s, MFU {w['reference_mfu']:.3f} of {w['matmul_gflops']:.0f} GFLOP/s",
+                            f"{w['trainer_tokens_per_s']:,.0f} tok/s", str(len(w["runs"]["trainer"])),
+                            f"{w['model']}; range {_f(w['spread'][0], '.2f')}-{_f(w['spread'][1], '.2f')}"])
+        elif name == "crossover_end_to_end":
+            out.append([name, _f(e["ratio"], ".2f"), _target(e["target"]), _verdict(e),
+                        f"eager fp32 {b['wall_s']:.0f} s ({b['tokens_per_s']:,.0f} tok/s)",
+                        f"auto {m['wall_s']:.0f} s ({m['tokens_per_s']:,.0f} tok/s)", "1",
+                        f"steps alone {e['steps_ratio']:.2f}x; the trainer chose {m['dtype']} ({m['dtype_reason']}); {m['compile']}"])
+        elif name == "cpu_precision_check":
+            out.append([name, _f(e["ratio"], ".3f"), _target(e["target"]), _verdict(e),
+                        f"plain timing bf16/fp32 {b['plain_ratio']:.2f}x", f"the dtype check {m['check_ratio']:.2f}x", "1",
+                        f"fp32 {m['fp32_gflops']:.0f}, bf16 {m['bf16_gflops']:.0f} GFLOP/s (the check); figure = |check / plain - 1|"])
         elif name == "data_prep":
             c = e["corpus"]
             out.append([name, f"{e['cold_s']:.2f} s cold / {e['warm_s'] * 1000:.1f} ms warm", "-", "-",

@@ -39,6 +39,7 @@ from .schedule import budget_branches, budget_warmup
 SCHEDULES = ("cosine", "wsd", "constant")
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "fp32", "bf16")
+COMPILE_MODES = ("auto", "true", "false")
 PARALLEL = ("ddp", "fsdp")
 
 
@@ -100,7 +101,9 @@ class TrainConfig:
     device: str = "auto"  # auto | cpu | cuda
     # auto: bf16 autocast on CUDA and on CPUs with fast bf16 matmuls, else fp32 (trainer/machine/precision.py).
     dtype: str = "auto"
-    compile: bool = False
+    # auto: compile where the run is long enough to repay it, timed on this machine
+    # (trainer/machine/compile_choice.py); true | false force it.
+    compile: str = "auto"
     threads: int | None = None  # torch intra-op threads (null = torch's default)
     peak_tflops: float | None = None  # for MFU; null = known GPUs only (H100/H200/A100), CPU reports none
     # With ray.workers_per_trial > 1: how the workers share the model (trainer/distributed.py):
@@ -161,6 +164,9 @@ class TrainConfig:
             )
         require(self.device in DEVICES, "train.device", self.device, f"one of {list(DEVICES)}")
         require(self.dtype in DTYPES, "train.dtype", self.dtype, f"one of {list(DTYPES)}")
+        # Hydra hands `train.compile=true` over as a boolean, which the str field holds as "True".
+        object.__setattr__(self, "compile", str(self.compile).strip().lower())
+        require(self.compile in COMPILE_MODES, "train.compile", self.compile, f"one of {list(COMPILE_MODES)}")
         require(self.parallel in PARALLEL, "train.parallel", self.parallel, f"one of {list(PARALLEL)}")
         require(self.threads is None or self.threads > 0, "train.threads", self.threads, "must be > 0 or null")
         require(self.max_epochs is None or (isinstance(self.max_epochs, int | float) and self.max_epochs > 0),

@@ -29,6 +29,8 @@ from .budget_forks import BudgetForks
 from .checkpoint import save_checkpoint
 from .config import TrialConfig, flops_per_token
 from .distributed import Single
+from .machine.compile_choice import RunCompiler
+from .machine.compile_choice import shape_key as compile_shape
 from .machine.host_memory import retain_freed_memory
 from .machine.precision import autocast_for, resolve_device, resolve_dtype
 from .observer import Observer
@@ -165,7 +167,8 @@ class Trainer:
         self.sync_every = _sync_every(self.device)
         jsonl = JsonlReporter(folder.metrics, resume_step=self.start if self.resumed else None) if dist.is_main else None
         self.report = MultiReporter(jsonl, reporter)
-        self.fwd = torch.compile(self.step_model) if t.compile else self.step_model
+        self.compiler = RunCompiler(t.compile, compile_shape(trial), dist, log)
+        self.fwd = self.compiler.forward(self.step_model)
         self.probe_idx = self.task.probe_idx.to(self.device)
         self.flops_tok, self.peak = flops_per_token(trial), peak_flops(trial, self.device)
         if dist.is_main:
@@ -188,12 +191,16 @@ class Trainer:
             if self.start > 0:
                 self.forks.fork(self.start)  # killed during a side trip: its checkpoint is the fork's stable state
             for step in range(self.start, self.total):
+                before = self.timer.elapsed
                 with self.timer:
                     lr = self.lr_for(step)
                     norm = self.train_step(step, lr, meter.pending)
                     grad_norm = grad_norm if norm is None else norm
                     meter.micro_batches += t.grad_accum
                 done = step + 1
+                compiled = self.compiler.after_step(self.timer.elapsed - before, self.total - done, self.step_model)
+                if compiled is not None:
+                    self.fwd = compiled
                 row_due, ckpt_due = self.observer.row_due(done), self.checkpoint_due(done)
                 if row_due or ckpt_due or done % self.sync_every == 0:
                     meter.read(done)
@@ -343,7 +350,7 @@ class Trainer:
             unigram_entropy=self.task.unigram_entropy, corpus_tokens=self.task.corpus_tokens, wall_s=wall_s,
             tokens_per_s=tokens_per_s, mfu=(tokens_per_s * self.flops_tok / self.peak) if self.peak else None,
             dtype=self.precision.dtype, final_metrics=metrics, artifacts=artifacts or {}, budget_tokens=budget_tokens,
-            made_by=self.made_by,
+            made_by=self.made_by and {**self.made_by, "dtype": self.precision.reason, "compile": self.compiler.reason},
         )
 
     def finish(self, per_token: bool) -> TrialResult:

@@ -25,9 +25,11 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def bare_loop(trial, data, steps: int | None = None) -> dict[str, float]:
+def bare_loop(trial, data, steps: int | None = None, compile: bool = False, warmup: int = 0) -> dict[str, float]:
     """Train `trial` for `steps` (default: its whole budget). Returns wall_s (model build to
-    last step, the work any training script has to do), steps_s (the steps alone), tokens."""
+    last step, the work any training script has to do), steps_s (the steps alone), tokens.
+    compile: through torch.compile (the reference a compiled trainer is held to); warmup: steps
+    trained before steps_s starts (compilation, kernel choice), counted in wall_s only."""
     t, o = trial.train, trial.optim
     total = t.total_steps
     steps = total if steps is None else steps
@@ -40,9 +42,12 @@ def bare_loop(trial, data, steps: int | None = None) -> dict[str, float]:
     optimizer = make_optimizer(model, o)
     batches = TrainBatches(data.train_tokens(), t.batch_size, t.seq_len, t.seed)
     model.train()
-    _sync(device)
-    t1 = time.perf_counter()
-    for step in range(steps):
+    forward = torch.compile(model) if compile else model
+    t1 = None
+    for step in range(warmup + steps):
+        if step == warmup:
+            _sync(device)
+            t1 = time.perf_counter()
         lr = lr_at(step, total, o)
         for group in optimizer.param_groups:
             group["lr"] = lr
@@ -50,7 +55,7 @@ def bare_loop(trial, data, steps: int | None = None) -> dict[str, float]:
             x, y = batches.batch(step * t.grad_accum + micro)
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
             with autocast():
-                logits = model(x)  # (B, T, V)
+                logits = forward(x)  # (B, T, V)
                 loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
             (loss / t.grad_accum).backward()
         if o.grad_clip:
@@ -59,5 +64,6 @@ def bare_loop(trial, data, steps: int | None = None) -> dict[str, float]:
         optimizer.zero_grad(set_to_none=True)
     _sync(device)
     t2 = time.perf_counter()
+    t1 = t2 if t1 is None else t1
     return {"wall_s": t2 - t0, "steps_s": t2 - t1, "tokens": steps * t.tokens_per_step,
             "final_loss": float(loss.detach())}

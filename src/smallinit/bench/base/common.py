@@ -59,6 +59,11 @@ class Settings:
     cpu_widths: tuple[int, ...] = (64, 96, 128, 192)
     cpu_width_steps: int = 3
     compile_cold: bool = True  # cpu_compile also times a compile into an empty inductor cache
+    # trainer_vs_reference: steps each side trains before its rate is taken, and after.
+    speed_warmup: int = 32
+    speed_steps: int = 96
+    # crossover_end_to_end: the trial timed whole both ways (the crossover's model and cadence).
+    end_to_end_overrides: tuple[str, ...] = ("+experiment=bf16_gap", "arm=small", "optim.lr=1e-3", "seed=1")
     gpu_presets: tuple[str, ...] = ("0.1b", "0.5b", "1.5b")
     gpu_steps: int = 10
     extra: dict[str, Any] = field(default_factory=dict)
@@ -110,6 +115,11 @@ TINY = Settings(
     cpu_widths=(64, 128),
     cpu_width_steps=2,
     compile_cold=False,
+    speed_warmup=4,
+    speed_steps=4,
+    end_to_end_overrides=("+experiment=bf16_gap", "arm=small", "model=nano", "train.batch_size=4", "train.seq_len=32",
+                          "train.max_tokens=1024", "train.eval_every=4", "train.eval_tokens=512",
+                          "train.per_token_eval_tokens=256", "train.probe_every=4", "train.ckpt_every=4"),
     gpu_presets=("0.1b",),
     gpu_steps=3,
 )

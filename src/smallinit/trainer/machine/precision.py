@@ -30,7 +30,8 @@ BF16_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")
 # bf16 must beat fp32 by this much on the timed matmul to be chosen: autocast adds casts,
 # so a marginal matmul gain does not survive a training step.
 MIN_SPEEDUP = 1.3
-# Small enough to time in well under a second even where bf16 is emulated (~67 MFLOP).
+# ~67 MFLOP a call: where bf16 is emulated (~1 GFLOP/s) one call is ~0.07 s, so the whole check
+# stays under a second there too.
 PROBE_SHAPE = (512, 256, 256)
 
 
@@ -52,14 +53,31 @@ def _cpu_identity() -> tuple[str, set[str]]:
     return cpu_identity()
 
 
-def _matmul_gflops(dtype: torch.dtype, reps: int = 5) -> float:
+def _matmul_gflops(dtype: torch.dtype, min_s: float = 0.1) -> float:
+    """GFLOP/s of PROBE_SHAPE in dtype, warmed (kernel choice, AMX tile setup and the first
+    allocations happen in the first calls) and timed over at least min_s: a handful of ~0.1 ms
+    calls timed once drew anything from 1x to 49x for the same CPU."""
     m, k, n = PROBE_SHAPE
     a, b = torch.randn(m, k).to(dtype), torch.randn(k, n).to(dtype)
-    a @ b  # warm-up: first call allocates and picks a kernel
-    start = time.perf_counter()
-    for _ in range(reps):
+    for _ in range(3):
         a @ b
-    return 2 * m * k * n * reps / max(time.perf_counter() - start, 1e-9) / 1e9
+    reps, elapsed = 0, 0.0
+    start = time.perf_counter()
+    while elapsed < min_s:
+        a @ b
+        reps += 1
+        elapsed = time.perf_counter() - start
+    return 2 * m * k * n * reps / elapsed / 1e9
+
+
+def timed_bf16_ratio(rounds: int = 3) -> tuple[float, float]:
+    """(fp32, bf16) GFLOP/s of PROBE_SHAPE: each the best of `rounds`, the two dtypes alternating
+    so a burst of other load on the machine lands on both."""
+    fp32, bf16 = 0.0, 0.0
+    for _ in range(rounds):
+        fp32 = max(fp32, _matmul_gflops(torch.float32))
+        bf16 = max(bf16, _matmul_gflops(torch.bfloat16))
+    return fp32, bf16
 
 
 def native_bf16_flags() -> list[str]:
@@ -73,9 +91,10 @@ def measure_cpu_bf16() -> DtypeChoice:
     native = sorted(set(BF16_FLAGS) & flags)
     if not native:
         return DtypeChoice("fp32", f"CPU ({model}) has no native bf16 instructions ({'/'.join(BF16_FLAGS)})")
-    fp32, bf16 = _matmul_gflops(torch.float32), _matmul_gflops(torch.bfloat16)
+    fp32, bf16 = timed_bf16_ratio()
     ratio = bf16 / fp32
-    timed = f"bf16 matmul {bf16:.0f} GFLOP/s vs fp32 {fp32:.0f} ({ratio:.2f}x)"
+    m, k, n = PROBE_SHAPE
+    timed = f"bf16 matmul {bf16:.0f} GFLOP/s vs fp32 {fp32:.0f} ({ratio:.2f}x, {m}x{k}x{n}, warmed, best of 3 alternating)"
     if ratio >= MIN_SPEEDUP:
         return DtypeChoice("bf16", f"CPU has {', '.join(native)}; {timed}")
     return DtypeChoice("fp32", f"CPU has {', '.join(native)} but {timed} < {MIN_SPEEDUP}x")
