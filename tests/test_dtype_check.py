@@ -100,3 +100,34 @@ def test_the_json_record_names_its_code_machine_and_the_table_it_read(tmp_path):
     stamp = json.loads((tmp_path / "out.json").read_text())["provenance"]
     assert missing(stamp) == []
     assert stamp["results_sha256"]["bf16_check"] == hashlib.sha256((sweep / "results.parquet").read_bytes()).hexdigest()
+
+
+def test_the_change_bf16_makes_to_the_arms_gap_is_the_paired_difference_of_gaps():
+    from smallinit.experiments.records.dtype_check import gap_change
+
+    # small − baseline: fp32 -0.10, -0.12, -0.08; bf16 -0.09, -0.12, -0.06: changes +0.01, 0, +0.02
+    base = frame([4.00, 4.10, 4.20], [4.01, 4.09, 4.22])
+    small = frame([3.90, 3.98, 4.12], [3.92, 3.97, 4.16])
+    g = gap_change(base, small)
+    assert g.pairs == 3 and g.diffs == pytest.approx([0.01, 0.0, 0.02])
+    # t interval: 0.01 ± 4.303 x 0.01 / sqrt(3) = [-0.0148, +0.0348]
+    assert g.change == pytest.approx(0.01) and g.lo == pytest.approx(-0.0148, abs=1e-4) and g.hi == pytest.approx(0.0348, abs=1e-4)
+    assert g.gap_fp32 == pytest.approx(-0.10) and g.gap_bf16 == pytest.approx(-0.09)
+    assert g.verdict.startswith("no change of the gap shown: +0.0100 nats (95% interval -0.0148 to +0.0348)")
+    assert set(g.arms) == {"baseline", "small"} and g.lines()[-1].startswith("verdict: ")
+
+
+def test_a_gap_that_bf16_moves_is_named():
+    from smallinit.experiments.records.dtype_check import gap_change
+
+    base = frame([4.00, 4.10, 4.20], [4.00, 4.10, 4.20])
+    small = frame([3.90, 4.00, 4.10], [4.00, 4.11, 4.19])  # the lead shrinks by ~0.1 in bf16 on every seed
+    g = gap_change(base, small)
+    assert g.lo > 0 and g.verdict.startswith("bf16 changes the arms' gap by +0.1000")
+
+
+def test_arms_without_a_shared_seed_are_refused():
+    from smallinit.experiments.records.dtype_check import gap_change
+
+    with pytest.raises(ReportError, match="share no seed"):
+        gap_change(frame([4.0, 4.1], [4.0, 4.1]), frame([4.0, 4.1], [4.0, 4.1], seeds=(5, 6)))

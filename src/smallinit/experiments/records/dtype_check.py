@@ -32,7 +32,7 @@ import pandas as pd
 from smallinit.core import provenance
 from smallinit.core import results_schema as schema
 from smallinit.experiments.data.load import SEED_COLS, ReportError, load
-from smallinit.experiments.stats.stats import compare
+from smallinit.experiments.stats.stats import compare, interaction
 
 REFERENCE, CANDIDATE = "fp32", "bf16"
 
@@ -110,11 +110,65 @@ def dtype_gap(complete: pd.DataFrame) -> DtypeGap:
                     speed[REFERENCE], speed[CANDIDATE], c.settled, c.settle_note)
 
 
+@dataclass
+class GapChange:
+    """Does bf16 move the gap between two arms? (small − baseline in bf16) − (small − baseline in
+    fp32) per seed: each arm's own dtype gap, and the change of the arms' gap, with its interval."""
+
+    arms: dict[str, DtypeGap]  # each arm's bf16 − fp32
+    gap_fp32: float  # small − baseline, mean over the shared seeds
+    gap_bf16: float
+    change: float  # gap_bf16 − gap_fp32
+    lo: float
+    hi: float
+    pairs: int
+    diffs: list[float]
+    settle_note: str = ""
+
+    @property
+    def verdict(self) -> str:
+        if self.pairs < 2:
+            return "one seed decides nothing"
+        allowed = max(abs(self.lo), abs(self.hi))
+        if self.lo > 0 or self.hi < 0:
+            return (f"bf16 changes the arms' gap by {self.change:+.4f} nats (95% interval {self.lo:+.4f} to {self.hi:+.4f}): "
+                    "the lead's records stay in fp32")
+        return (f"no change of the gap shown: {self.change:+.4f} nats (95% interval {self.lo:+.4f} to {self.hi:+.4f}); "
+                f"bf16 moves the arms' gap by at most {allowed:.4f} nats, against a gap of {self.gap_fp32:+.4f} in fp32")
+
+    def lines(self) -> list[str]:
+        out = []
+        for arm, g in self.arms.items():
+            out += [f"{arm}: " + line for line in g.lines()[:4]] + [f"{arm}: " + g.lines()[6]]
+        return out + [f"gap small − baseline: fp32 {self.gap_fp32:+.4f}, bf16 {self.gap_bf16:+.4f} nats over {self.pairs} seeds",
+                      "change of the gap per seed: " + ", ".join(f"{d:+.4f}" for d in self.diffs),
+                      f"over training: {self.settle_note or 'not read'}", f"verdict: {self.verdict}"]
+
+
+def gap_change(baseline: pd.DataFrame, small: pd.DataFrame) -> GapChange:
+    """The change bf16 makes to small − baseline, from two frames of COMPLETE trials each over
+    train.dtype=fp32,bf16 and the same seeds (one per arm: each arm trains at its own lr)."""
+    loss = schema.FINAL_VAL_LOSS
+    arms = {"baseline": dtype_gap(baseline), "small": dtype_gap(small)}
+    cell = {(arm, d): f[f["dtype"] == d] for arm, f in (("baseline", baseline), ("small", small)) for d in (REFERENCE, CANDIDATE)}
+    c = interaction(cell["small", CANDIDATE], cell["baseline", CANDIDATE], cell["small", REFERENCE], cell["baseline", REFERENCE],
+                    loss, curve="val/loss")
+    if not c.n:
+        raise ReportError("the two arms' folders share no seed in both dtypes: sweep seed=... the same in both")
+    gaps = {d: compare(cell["small", d], cell["baseline", d], loss) for d in (REFERENCE, CANDIDATE)}
+    return GapChange(arms, gaps[REFERENCE].diff, gaps[CANDIDATE].diff, c.diff, c.lo, c.hi, c.n,
+                     [float(x) for x in (c.diffs or [])], c.settle_note)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m smallinit.experiments.records.dtype_check", description=__doc__.split("\n\n")[0])
     p.add_argument("sweep", type=Path, help="a sweep folder over train.dtype=fp32,bf16 (sweeps/bf16_check)")
+    p.add_argument("--small", type=Path, help="with it, SWEEP is the baseline arm's folder and this the recipe's "
+                                              "(conf/experiment/bf16_gap.yaml): the change bf16 makes to their gap")
     p.add_argument("--json", type=Path, help="also write the numbers here")
     args = p.parse_args(argv)
+    if args.small:
+        return _gap_change_main(args)
     if not args.sweep.is_dir():
         print(f"dtype_check: sweep={args.sweep}: no such folder (a sweep over train.dtype=fp32,bf16, "
               f"e.g. sweeps/bf16_check)", file=sys.stderr)
@@ -130,6 +184,26 @@ def main(argv: list[str] | None = None) -> int:
         args.json.write_text(json.dumps({**asdict(result), "verdict": result.verdict, "inside_spread": result.inside_spread,
                                          "provenance": stamp}, indent=2) + "\n")
     return 0 if result.inside_spread else 1
+
+
+def _gap_change_main(args) -> int:
+    for folder in (args.sweep, args.small):
+        if not folder.is_dir():
+            print(f"dtype_check: {folder}: no such folder (an arm's sweep over train.dtype=fp32,bf16)", file=sys.stderr)
+            return 2
+    try:
+        result = gap_change(load([args.sweep]).complete, load([args.small]).complete)
+    except ReportError as e:
+        print(f"dtype_check: {e}", file=sys.stderr)
+        return 2
+    print("\n".join(result.lines()))
+    if args.json:
+        stamp = {**provenance.record(), "results_sha256": {
+            f.name: provenance.file_sha256(schema.results_path(f)) for f in (args.sweep, args.small)}}
+        body = {**asdict(result), "arms": {k: {**asdict(v), "verdict": v.verdict} for k, v in result.arms.items()},
+                "verdict": result.verdict, "provenance": stamp}
+        args.json.write_text(json.dumps(body, indent=2) + "\n")
+    return 0
 
 
 if __name__ == "__main__":
