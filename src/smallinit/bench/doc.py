@@ -81,16 +81,34 @@ def _sweep(results: dict[str, Any]) -> list[str]:
     return out
 
 
-BLOCKS = {"provenance": _provenance, "results": _results, "sweep": _sweep}
+def _measured_only(results: dict[str, Any]) -> dict[str, Any]:
+    """A partial run's results with the entries it did not select left out."""
+    return {**results, "benchmarks": {k: v for k, v in results["benchmarks"].items() if "skipped" not in v
+                                      or not v["skipped"].startswith("not selected")}}
 
 
-def render(doc: str, results: dict[str, Any]) -> str:
-    """`doc` with each generated block rewritten from `results`; every block must be there."""
+# Blocks from the full record (bench/results.json), and from the AMX machine's partial record
+# (bench/amx/results.json): the figures of one machine kind are never mixed with another's.
+BLOCKS = {"provenance": _provenance, "results": _results, "sweep": _sweep,
+          "amx-results": lambda r: table(HEADER, rows(_measured_only(r)["benchmarks"], only_present=True)),
+          "amx-provenance": lambda r: table(PROVENANCE_HEADER, provenance_rows(_measured_only(r)["benchmarks"], only_present=True))}
+AMX_RESULTS = REPO / "bench" / "amx" / "results.json"
+
+
+def render(doc: str, results: dict[str, Any], amx: dict[str, Any] | None = None) -> str:
+    """`doc` with each generated block rewritten from `results` (the amx- blocks from `amx`);
+    every block must be there."""
     found = {m.group("name") for m in BLOCK.finditer(doc)}
     missing, unknown = sorted(set(BLOCKS) - found), sorted(found - set(BLOCKS))
     if missing or unknown:
         raise ValueError(f"generated blocks: missing {missing}, unknown {unknown}; allowed {sorted(BLOCKS)}")
-    return BLOCK.sub(lambda m: m.group(1) + "\n" + "\n".join(BLOCKS[m.group("name")](results)) + "\n\n" + m.group(4), doc)
+
+    def body(name: str) -> list[str]:
+        if name.startswith("amx-"):
+            return BLOCKS[name](amx) if amx else ["No record from a CPU with AMX yet (bench/amx/results.json)."]
+        return BLOCKS[name](results)
+
+    return BLOCK.sub(lambda m: m.group(1) + "\n" + "\n".join(body(m.group("name"))) + "\n\n" + m.group(4), doc)
 
 
 def prose(doc: str) -> str:
@@ -105,7 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--doc", type=Path, default=DOC)
     a = p.parse_args(argv)
     try:
-        text = render(a.doc.read_text(), json.loads(a.results.read_text()))
+        amx = json.loads(AMX_RESULTS.read_text()) if AMX_RESULTS.exists() else None
+        text = render(a.doc.read_text(), json.loads(a.results.read_text()), amx)
     except (OSError, ValueError) as e:
         print(f"error: {a.doc}: {e}", file=sys.stderr)
         return 1

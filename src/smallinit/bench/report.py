@@ -38,10 +38,12 @@ def _f(x: Any, fmt: str = ".3f") -> str:
     return "-" if x is None or (isinstance(x, float) and not math.isfinite(x)) else format(x, fmt)
 
 
-def rows(benchmarks: dict[str, dict]) -> list[list[str]]:
+def rows(benchmarks: dict[str, dict], only_present: bool = False) -> list[list[str]]:
     out = []
     for name in BENCHMARKS:
         e = benchmarks.get(name)
+        if e is None and only_present:
+            continue
         if e is None:  # a benchmark added after this record's run
             out.append([name, "-", "-", NOT_MEASURED, "-", "-", "-", "no entry in this results file"])
             continue
@@ -122,6 +124,8 @@ def rows(benchmarks: dict[str, dict]) -> list[list[str]]:
                             f"{w['matmul_gflops']:.0f} GFLOP/s", f"{w['tokens_per_s']:,.0f} tok/s, "
                             f"{w['mfu'] * w['matmul_gflops']:.0f} GFLOP/s", str(len(w["runs"])),
                             f"{w['params'] / 1e6:.2f}M parameters, {w['flops_per_token'] / 1e6:.1f} MFLOP/token; "
+                            + (f"compiled {w['compiled_tokens_per_s']:,.0f} tok/s, MFU {w['compiled_mfu']:.3f}; "
+                               if "compiled_mfu" in w else "") +
                             f"range {_f(w['spread'][0], '.2f')}-{_f(w['spread'][1], '.2f')}"])
         elif name == "cpu_allocator":
             out.append([name, _f(e["ratio"], ".2f"), "-", "recorded",
@@ -177,10 +181,12 @@ BEFORE_PROVENANCE = "recorded before provenance (rerun make bench)"
 NOT_MEASURED = "not measured yet"
 
 
-def provenance_rows(benchmarks: dict[str, dict]) -> list[list[str]]:
+def provenance_rows(benchmarks: dict[str, dict], only_present: bool = False) -> list[list[str]]:
     out = []
     for name in BENCHMARKS:
         e = benchmarks.get(name)
+        if e is None and only_present:
+            continue
         if e is None:
             out.append([name, "-", NOT_MEASURED, "-", "-"])
             continue

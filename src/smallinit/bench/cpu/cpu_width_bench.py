@@ -8,7 +8,9 @@ own time) / the best GFLOP/s of a large square matmul in the same dtype and thre
 is timed just before and just after each width's steps (the best of both), so machine load
 hits both sides of each ratio; the
 figure per width is the median of those paired ratios over repeats, the headline the lowest
-width's. The dtype is what train.dtype=auto picks for the record on this CPU: bf16 where the
+width's (eager: the bare loop as the trainer ran before train.compile=auto); each width's compiled
+reference (bench/base/bare.py through torch.compile, the form trainer_vs_reference holds the
+trainer to) is timed beside it with its own MFU. The dtype is what train.dtype=auto picks for the record on this CPU: bf16 where the
 CPU has native bf16 and it pays, else fp32, and the entry says why.
 """
 
@@ -21,6 +23,7 @@ from ..base.common import compose_trial, median, prepared_data, progress, rotate
 from .cpu_bench import MFU_TARGET, matmul_peak
 
 EXPERIMENT = "+experiment=scaling_law"
+COMPILE_WARMUP = 3  # compiled steps before the timed ones: the compile, and the kernels' first calls
 
 
 def run(settings) -> dict:
@@ -45,18 +48,23 @@ def run(settings) -> dict:
         for d in rotate(list(trials), r):
             before = matmul_peak(dt, settings.cpu_peak_n)
             out = bare_loop(trials[d], data, steps=settings.cpu_width_steps)
+            # The reference form: compiled, its first steps (compilation) untimed.
+            compiled = bare_loop(trials[d], data, steps=settings.cpu_width_steps, compile=True, warmup=COMPILE_WARMUP)
             peak = max(before, matmul_peak(dt, settings.cpu_peak_n))
-            tok_s = out["tokens"] / out["steps_s"]
-            mfu = tok_s * flops_per_token(trials[d]) / (peak * 1e9)
-            runs[d].append({"tokens_per_s": tok_s, "matmul_gflops": peak, "mfu": mfu})
-            progress(name, f"repeat {r + 1}/{settings.repeats} d={d}: {tok_s:,.0f} tokens/s, MFU {mfu:.2f} of "
-                           f"{peak:.0f} GFLOP/s")
+            tok_s, tok_c = out["tokens"] / out["steps_s"], compiled["tokens"] / compiled["steps_s"]
+            mfu, mfu_c = (x * flops_per_token(trials[d]) / (peak * 1e9) for x in (tok_s, tok_c))
+            runs[d].append({"tokens_per_s": tok_s, "matmul_gflops": peak, "mfu": mfu,
+                            "compiled_tokens_per_s": tok_c, "compiled_mfu": mfu_c})
+            progress(name, f"repeat {r + 1}/{settings.repeats} d={d}: eager {tok_s:,.0f} tokens/s, MFU {mfu:.3f}; "
+                           f"compiled {tok_c:,.0f}, MFU {mfu_c:.3f} of {peak:.0f} GFLOP/s")
     widths = {}
     for d, trial in trials.items():
         mfus = [x["mfu"] for x in runs[d]]
         widths[str(d)] = {
             "mfu": median(mfus), "pass": median(mfus) >= MFU_TARGET["value"], "spread": spread(mfus),
             "tokens_per_s": median(x["tokens_per_s"] for x in runs[d]),
+            "compiled_mfu": median(x["compiled_mfu"] for x in runs[d]),
+            "compiled_tokens_per_s": median(x["compiled_tokens_per_s"] for x in runs[d]),
             "matmul_gflops": median(x["matmul_gflops"] for x in runs[d]),
             "flops_per_token": flops_per_token(trial),
             "params": trial.model.num_params(), "n_heads": trial.model.n_heads, "runs": runs[d],
