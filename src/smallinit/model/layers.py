@@ -63,10 +63,16 @@ def rope_tables(head_dim: int, max_seq_len: int, theta: float, device=None) -> t
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate-half RoPE (Llama/HF layout). x: (B, H, T, hd); cos, sin: (T, hd/2)."""
-    x1, x2 = x.float().chunk(2, dim=-1)
-    cos, sin = cos[None, None], sin[None, None]
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
+    """Rotate-half RoPE (Llama/HF layout). x: (B, H, T, hd); cos, sin: (T, hd/2).
+    Written as HF writes it, x * cos + rotate_half(x) * sin over the whole head: the same numbers
+    as rotating each half, and the form torch.compile (2.13, CPU) differentiates correctly; the
+    half-by-half form (two products concatenated) gave NaN gradients there in front of
+    attention that is not the fused SDPA kernel."""
+    xf = x.float()
+    half = xf.shape[-1] // 2
+    rotated = torch.cat((-xf[..., half:], xf[..., :half]), dim=-1)
+    cos, sin = torch.cat((cos, cos), dim=-1)[None, None], torch.cat((sin, sin), dim=-1)[None, None]
+    return (xf * cos + rotated * sin).to(x.dtype)
 
 
 class Attention(nn.Module):
