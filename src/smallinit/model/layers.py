@@ -130,8 +130,8 @@ class Attention(nn.Module):
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)  # (B, H, T, hd)
         T = q.shape[-2]
         scores = (q @ k.transpose(-2, -1)).float() * self.head_dim**-0.5  # (B, H, T, T)
-        causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
-        return scores.masked_fill(~causal, float("-inf")).softmax(dim=-1).to(v.dtype) @ v
+        future = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1)  # what a query may not see
+        return scores.masked_fill(future, float("-inf")).softmax(dim=-1).to(v.dtype) @ v
 
     def _attention_with_weights(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                                 observe: Callable[[torch.Tensor], None]) -> torch.Tensor:
