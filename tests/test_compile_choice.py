@@ -89,3 +89,15 @@ def test_a_trial_records_its_compile_and_dtype_choice_with_the_reason(trial_conf
     assert result.made_by["compile"].startswith("train.compile=auto: eager")
     assert result.made_by["dtype"]  # the reason line precision.resolve_dtype gave
     assert json.loads((tmp_path / "t" / "result.json").read_text())["made_by"]["compile"] == result.made_by["compile"]
+
+
+def test_the_sweeps_first_screen_says_the_dtype_and_how_compilation_is_chosen(trial_config):
+    from smallinit.trainer.machine.compile_choice import shape_key, speed_line
+
+    trial = trial_config("train.dtype=fp32")
+    line = speed_line(trial)
+    assert line.startswith("trials on this machine: fp32 (train.dtype=fp32); train.compile=auto: each trial times")
+    assert "priors 60 s and 1.30x" in line
+    record(shape_key(trial), compile_s=4.0, speedup=1.4)
+    assert "this machine compiled this shape in 4 s for 1.40x" in speed_line(trial)
+    assert speed_line(trial_config("train.compile=false")).endswith("train.compile=false")

@@ -103,7 +103,7 @@ def _run(conf: SmallinitSweeperConf, loader, base: DictConfig, arguments: list[s
         check_reachable(ray_cfg["address"])
     lock = hold_driver_lock(sweep_dir)  # one driver per folder, from its first write to its exit
     name = str(base.get("name", "sweep"))
-    trials = _Trials(conf, ray_cfg, lock, most, wandb_line(wandb_cfg, sweep_dir, name))
+    trials = _Trials(conf, ray_cfg, lock, most, wandb_line(wandb_cfg, sweep_dir, name), checked[0].trial if checked else None)
     try:
         if conf.protocol.enabled:
             study = _run_protocol(conf, composer, name, trials)
@@ -135,9 +135,9 @@ class _Trials:
     first trials start, where their W&B runs go (start_line)."""
 
     def __init__(self, conf: SmallinitSweeperConf, ray_cfg: dict[str, Any], lock, most_workers: int,
-                 start_line: str):
+                 start_line: str, first_trial=None):
         self.conf, self.ray_cfg, self.lock, self.most_workers = conf, ray_cfg, lock, most_workers
-        self.start_line = start_line
+        self.start_line, self.first_trial = start_line, first_trial
         self.connected, self.started = False, False
         self.aborted: str | None = None
         self.failed = self.ended = 0
@@ -147,6 +147,10 @@ class _Trials:
             return
         if not self.connected:
             print(self.start_line, flush=True)
+            if self.first_trial is not None:  # imports torch: only once trials are about to run
+                from smallinit.trainer.machine.compile_choice import speed_line
+
+                print(speed_line(self.first_trial), flush=True)
             # Ray's start (~4 s, mostly waiting for its processes) overlaps Tune's imports (~1 s).
             ready = _Background(import_tune)
             self.started, self.connected = connect_ray(self.ray_cfg), True

@@ -138,3 +138,21 @@ class RunCompiler:
 def _median(values: list[float]) -> float:
     ordered = sorted(values)
     return ordered[len(ordered) // 2] if ordered else 0.0
+
+
+def speed_line(trial) -> str:
+    """What a sweep's trials will compute in on this machine and how they choose compilation:
+    the driver's first screen says it before any trial starts (each trial's log and result.json
+    then say what it chose)."""
+    from .precision import resolve_device, resolve_dtype
+
+    t = trial.train
+    dtype = resolve_dtype(resolve_device(t.device), t.dtype)
+    line = f"trials on this machine: {dtype.dtype} ({dtype.reason}); train.compile={t.compile}"
+    if t.compile != "auto":
+        return line
+    known = measured(shape_key(trial))
+    figures = (f"this machine compiled this shape in {known['compile_s']:.0f} s for {known['speedup']:.2f}x" if known
+               else f"priors {PRIOR_COMPILE_S:.0f} s and {PRIOR_SPEEDUP:.2f}x until this machine has compiled this shape")
+    return (f"{line}: each trial times its first {PROBE_STEPS} steps eager and compiles if its steps left "
+            f"repay the compile ({figures}; {t.total_steps:,} steps a trial)")
