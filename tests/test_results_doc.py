@@ -10,6 +10,7 @@ import pytest
 from PIL import Image
 
 from smallinit.experiments.records import results_doc
+from smallinit.experiments.records.record_claims import merged
 
 DOCS = results_doc.REPO / "docs"
 
@@ -34,7 +35,8 @@ def test_readings_cite_only_numbers_and_verdicts_from_the_summary(experiment):
     folder = DOCS / "results" / experiment
     reading = folder / "reading.md"
     assert reading.exists(), f"{reading}: say what the numbers mean"
-    generated = results_doc.section(experiment, json.loads((folder / "summary.json").read_text()),
+    summary = merged(json.loads((folder / "summary.json").read_text()), folder)  # claims.json's rows too
+    generated = results_doc.section(experiment, summary,
                                     *results_doc.record_texts(folder, reading=False))
     stray = results_doc.stray(reading.read_text(), generated)
     assert not stray, f"{reading} cites numbers or verdicts that its generated section does not show: {stray}"

@@ -158,3 +158,17 @@ def test_a_gap_that_bends_is_said_to_make_the_line_an_approximation():
     assert "its slope falls as D grows" in tc.curvature_note(line.quad, line.quad_ci)
     straight = tc.analyse(rows(d_star=3e6, slope=-0.05), CHOSEN, "baseline", "small")["line"]
     assert straight.quad_ci[0] < 0 < straight.quad_ci[1] and tc.curvature_note(straight.quad, straight.quad_ci) == ""
+
+
+def test_a_gap_that_never_changes_side_is_named_a_lead_not_a_crossover():
+    from smallinit.experiments.fits.token_crossover import crossing_note
+
+    def g(tokens, gap, verdict):
+        return dict(tokens=tokens, gap=gap, lo=gap - 0.02, hi=gap + 0.02, p_holm=0.01 if "ahead" in verdict else 0.9,
+                    verdict=verdict)
+
+    lead = [g(1000, 0.001, "inconclusive"), g(2000, -0.005, "inconclusive"), g(4000, -0.08, "recipe ahead")]
+    note = crossing_note(lead)
+    assert "not a crossover" in note and "+0.0010 at 1,000" in note and "between 2,000 and 4,000 tokens" in note
+    assert crossing_note([*lead[:2], g(8000, 0.09, "baseline ahead"), g(16000, -0.1, "recipe ahead")]) == ""
+    assert crossing_note(lead[:2]) == ""  # no lead to place

@@ -199,6 +199,28 @@ def curvature_note(quad: float, quad_ci) -> str:
             "D* read off it are an approximation; the gaps per budget are the measurement.")
 
 
+def crossing_note(budgets: list[dict]) -> str:
+    """What the per-budget gaps say of a crossing, beside the rule's D*: a crossover needs one arm
+    ahead at some budget and the other at a larger one. Where only one arm is ever ahead, D* is the
+    line's zero, not a change of sign the gaps show, and what is measured is where the lead opens:
+    between the last budget with no gap detected and the first with that arm ahead (read after the
+    data, not by the rule). `budgets`: the summary's token_crossover budgets, in token order."""
+    ahead = [(g["tokens"], g["verdict"]) for g in budgets if g["verdict"] in ("recipe ahead", "baseline ahead")]
+    sides = {v for _, v in ahead}
+    if len(sides) != 1:
+        return ""  # neither arm ever ahead (no lead to place), or both (a crossing the gaps show)
+    side = sides.pop()
+    other = "baseline" if side == "recipe ahead" else "recipe"
+    top = max(budgets, key=lambda g: g["gap"] if other == "baseline" else -g["gap"])
+    first = min(t for t, _ in ahead)
+    before = [g["tokens"] for g in budgets if g["tokens"] < first]
+    where = f"between {before[-1]:,} and {first:,} tokens" if before else f"by {first:,} tokens, the smallest budget"
+    return (f"No budget has the {other} ahead (the mean gap nearest its side is {top['gap']:+.4f} at {top['tokens']:,} "
+            f"tokens, with its interval [{top['lo']:+.4f}, {top['hi']:+.4f}], Holm p {top['p_holm']:.3g}): the gap never passes from a {other} lead to a "
+            f"{side.split()[0]} lead, so D* is where the rule's line crosses 0, not a crossover. What the gaps show is a "
+            f"lead that opens {where} (a reading made after the data, not by the rule).")
+
+
 def gap_verdict(g: BudgetGap) -> str:
     if g.n < 2 or not math.isfinite(g.p_holm):
         return f"not decided: {g.n} paired seed(s)"

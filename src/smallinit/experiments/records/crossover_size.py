@@ -42,6 +42,7 @@ SAME_ARM = ("gamma", "eps", "gate", "norm", "n_layers", "ffn", "dtype", "config/
             "config/train.cooldown_frac", "config/train.eval_tokens", "config/data.task", "config/data.corpus",
             "config/data.vocab_size", "config/data.val_fraction", "config/data.split_seed")
 E_VALUES = (0.0, 1.0, 2.0, 3.0)
+HEADS = "config/model.n_heads"
 
 
 def _lr_key(x: float) -> float:
@@ -100,16 +101,25 @@ def width_readings(rows: pd.DataFrame, baseline: str, recipe: str) -> list[dict]
             continue
         n_self = float(rec["n"].iloc[0])
         r = effective_width(base.rename(columns={"n": "n_params"})[["seed", "n_params", "loss"]], rec[["seed", "loss"]], n_self)
-        out.append(dict(budget=int(budget), widths=sorted(int(w) for w in base["d_model"].unique()),
+        heads = base.groupby("d_model")[HEADS].first() if HEADS in base else {}
+        widths = sorted(int(w) for w in base["d_model"].unique())
+        out.append(dict(budget=int(budget), widths=widths, head_dims=[w // int(heads[w]) if w in heads else None for w in widths],
                         seeds=int(rec["seed"].nunique()), recipe_loss=float(rec["loss"].mean()), **r))
     return out
 
 
 def widths_table(readings: list[dict], verdicts: dict[int, str]) -> str:
-    header = ["budget [tokens]", "crossover verdict", "baseline widths", "recipe loss", "N_eff/N", "seeds read inside"]
-    rows = [[f"{r['budget']:,}", verdicts.get(r["budget"], "–"), ", ".join(map(str, r["widths"])), f"{r['recipe_loss']:.4f}",
+    header = ["budget [tokens]", "crossover verdict", "baseline widths (head dim)", "recipe loss", "N_eff/N", "seeds read inside"]
+    rows = [[f"{r['budget']:,}", verdicts.get(r["budget"], "–"), _widths_text(r), f"{r['recipe_loss']:.4f}",
              r["text"], f"{r['n_inside']} of {r['n_seeds']}"] for r in readings]
     return md_table(header, rows)
+
+
+def _widths_text(r: dict) -> str:
+    """"96 (48), 128 (64), 192 (96)": each width with its head dim, since a family of widths at a
+    fixed head count changes the head dim with the width (the crossover's: 2 heads throughout)."""
+    dims = r.get("head_dims") or [None] * len(r["widths"])
+    return ", ".join(f"{w} ({h})" if h else f"{w}" for w, h in zip(r["widths"], dims))
 
 
 def cell_means(rows: pd.DataFrame) -> pd.DataFrame:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 
 from smallinit.experiments.fits.crossover import saddle_text
-from smallinit.experiments.fits.token_crossover import curvature_note
+from smallinit.experiments.fits.token_crossover import crossing_note, curvature_note
 from smallinit.experiments.output.md_table import fmt as _fmt
 from smallinit.experiments.output.md_table import table as _table
 
@@ -85,4 +85,7 @@ def token_crossover_lines(tc: dict) -> list[str]:
                 f"term {_s4(line['quad'])} [{_s4(quad_ci[0])}, {_s4(quad_ci[1])}]. "
                 + curvature_note(line["quad"] if line["quad"] is not None else math.nan, quad_ci), ""]
     out += [f"**Decision** (the rule fixed before the confirm seeds ran): {tc['decision']}.", ""]
+    note = crossing_note(tc["budgets"])
+    if note:
+        out += [note, ""]
     return out

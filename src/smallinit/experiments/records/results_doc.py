@@ -28,6 +28,7 @@ from smallinit.experiments.output.md_table import fmt as _fmt
 from smallinit.experiments.output.md_table import table as _table
 from smallinit.experiments.stats.valnoise import record_sentence
 
+from .record_claims import merged
 from .results_budgets import budgets_lines, token_crossover_lines
 
 REPO = Path(__file__).resolve().parents[4]
@@ -190,6 +191,10 @@ def section(name: str, s: dict, reading: str | None, command: str | None = None,
     out += ["**Claims.**", ""]
     out += [_table(["claim", "verdict", "why"], [[c["claim"], f"**{c['verdict']}**", c["reason"]]
                                                  for c in s["claims"] if not is_check(c)]), ""]
+    if s.get("rejudged"):  # rows judged again from the record's numbers (records/record_claims.py)
+        r = s["rejudged"]
+        out += [f"Judged from the record's own numbers, beyond the report that wrote its summary ({r['file']}, "
+                f"`{r['command']}`): {'; '.join(r['claims'])}.", ""]
     noise = record_sentence([n for c in s["claims"] for n in c["numbers"]])
     if noise:  # records whose trials saved per-token losses (valnoise.py)
         out += [noise, ""]
@@ -298,7 +303,7 @@ def render(docs: Path) -> str:
         if not path.exists():
             rows.append([name, "not run", "–", "–", "–"])
             continue
-        s = json.loads(path.read_text())
+        s = merged(json.loads(path.read_text()), path.parent)
         sections.append(section(name, s, *record_texts(path.parent)))
         shown = [c for c in s["claims"] if c["verdict"] not in ("not enough data", "not run") and not is_check(c)]
         verdicts = "; ".join(f"{c['claim']}: **{c['verdict']}**" for c in shown) or "nothing decided"

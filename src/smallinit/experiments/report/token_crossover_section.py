@@ -13,7 +13,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from smallinit.experiments.fits.token_crossover import curvature_note  # noqa: E402
+from smallinit.experiments.fits.token_crossover import crossing_note, curvature_note  # noqa: E402
 from smallinit.experiments.output.render import Block  # noqa: E402
 
 
@@ -89,6 +89,9 @@ def section(tc: dict, figs) -> tuple[list[Block], dict]:
         bend = curvature_note(line.quad, line.quad_ci)
         if bend:
             blocks.append(Block("p", bend))
+    cross = crossing_note(tc["budgets"])
+    if cross:
+        blocks.append(Block("p", cross))
     if tc["budgets"]:
         blocks.append(Block("figure", figs.save(gap_figure(tc), "crossover_gap",
                                                 "Gap against ln D: grey per-seed lines, red means with 95% intervals, "
