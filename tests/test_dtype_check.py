@@ -113,7 +113,11 @@ def test_the_change_bf16_makes_to_the_arms_gap_is_the_paired_difference_of_gaps(
     # t interval: 0.01 ± 4.303 x 0.01 / sqrt(3) = [-0.0148, +0.0348]
     assert g.change == pytest.approx(0.01) and g.lo == pytest.approx(-0.0148, abs=1e-4) and g.hi == pytest.approx(0.0348, abs=1e-4)
     assert g.gap_fp32 == pytest.approx(-0.10) and g.gap_bf16 == pytest.approx(-0.09)
-    assert g.verdict.startswith("no change of the gap shown: +0.0100 nats (95% interval -0.0148 to +0.0348)")
+    assert g.verdict.startswith("no change of the gap shown: +0.0100 nats (95% interval -0.0148 to +0.0348); bf16 moves")
+    # The same change against a gap smaller than what the interval allows: it licenses nothing.
+    small_gap = gap_change(base, frame([3.99, 4.08, 4.19], [4.01, 4.07, 4.23]))
+    assert small_gap.lo < 0 < small_gap.hi and max(-small_gap.lo, small_gap.hi) > abs(small_gap.gap_fp32)
+    assert small_gap.verdict.startswith("inconclusive: no change of the gap shown") and "stay fp32" in small_gap.verdict
     assert set(g.arms) == {"baseline", "small"} and g.lines()[-1].startswith("verdict: ")
 
 

@@ -133,8 +133,12 @@ class GapChange:
         if self.lo > 0 or self.hi < 0:
             return (f"bf16 changes the arms' gap by {self.change:+.4f} nats (95% interval {self.lo:+.4f} to {self.hi:+.4f}): "
                     "the lead's records stay in fp32")
-        return (f"no change of the gap shown: {self.change:+.4f} nats (95% interval {self.lo:+.4f} to {self.hi:+.4f}); "
-                f"bf16 moves the arms' gap by at most {allowed:.4f} nats, against a gap of {self.gap_fp32:+.4f} in fp32")
+        shown = f"no change of the gap shown: {self.change:+.4f} nats (95% interval {self.lo:+.4f} to {self.hi:+.4f})"
+        if allowed >= abs(self.gap_fp32):
+            return (f"inconclusive: {shown}, but the data still allows a change of {allowed:.4f} nats, more than the "
+                    f"gap itself ({self.gap_fp32:+.4f} in fp32): it cannot say bf16 leaves the gap unchanged (more seeds "
+                    "narrow it); records whose gaps are this small stay fp32")
+        return f"{shown}; bf16 moves the arms' gap by at most {allowed:.4f} nats, against a gap of {self.gap_fp32:+.4f} in fp32"
 
     def lines(self) -> list[str]:
         out = []
