@@ -71,6 +71,9 @@ def trainer_vs_reference(settings) -> dict:
             runs = {"reference": [], "trainer": []}
             for r in range(settings.repeats):
                 for side in rotate(list(runs), r):
+                    # Each run compiles afresh, as a trial's process does: dynamo's cache of one
+                    # process fills with every model compiled before (its limit then runs eager).
+                    torch._dynamo.reset()
                     if side == "reference":
                         peak = matmul_peak(dt.dtype, settings.cpu_peak_n)
                         out = bare_loop(reference, data, steps=steps, compile=True, warmup=warmup)
@@ -117,6 +120,7 @@ def crossover_end_to_end(settings) -> dict:
         from smallinit.trainer.loop import run_trial
 
         for side, trial in trials.items():
+            torch._dynamo.reset()
             out = Path(tempfile.mkdtemp(dir=root))
             t0 = time.perf_counter()
             result = run_trial(trial, out, log=lambda *_: None, prepared=data)
