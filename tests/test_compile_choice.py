@@ -101,3 +101,12 @@ def test_the_sweeps_first_screen_says_the_dtype_and_how_compilation_is_chosen(tr
     record(shape_key(trial), compile_s=4.0, speedup=1.4)
     assert "this machine compiled this shape in 4 s for 1.40x" in speed_line(trial)
     assert speed_line(trial_config("train.compile=false")).endswith("train.compile=false")
+
+
+def test_a_cuda_trial_announced_from_a_driver_without_a_gpu_does_not_stop_the_sweep(trial_config):
+    from smallinit.trainer.machine.compile_choice import speed_line
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    assert speed_line(trial_config("train.device=cuda", "train.compile=false")) == (
+        "trials: train.dtype=auto on their workers' cuda; train.compile=false")

@@ -154,8 +154,11 @@ def speed_line(trial) -> str:
     from .precision import resolve_device, resolve_dtype
 
     t = trial.train
-    dtype = resolve_dtype(resolve_device(t.device), t.dtype)
-    line = f"trials on this machine: {dtype.dtype} ({dtype.reason}); train.compile={t.compile}"
+    try:
+        dtype = resolve_dtype(resolve_device(t.device), t.dtype)
+        line = f"trials on this machine: {dtype.dtype} ({dtype.reason}); train.compile={t.compile}"
+    except RuntimeError:  # train.device=cuda from a driver without a GPU: the workers resolve it
+        line = f"trials: train.dtype={t.dtype} on their workers' {t.device}; train.compile={t.compile}"
     if t.compile != "auto":
         return line
     known = measured(shape_key(trial))
