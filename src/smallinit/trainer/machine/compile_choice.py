@@ -125,7 +125,8 @@ class RunCompiler:
             self.compiled_s.append(step_s)
             if len(self.compiled_s) == self.MEASURE_STEPS + 1 and self.dist.is_main:
                 eager = _median(self.eager_s[PROBE_STEPS // 4:])
-                record(self.key, self.compiled_s[0] - eager, eager / _median(self.compiled_s[1:]))
+                # A graph already in the inductor cache can compile in less than a step saves.
+                record(self.key, max(0.0, self.compiled_s[0] - eager), eager / _median(self.compiled_s[1:]))
         return None
 
     def _decide(self, steps_left: int) -> CompileChoice:
