@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from smallinit.data.pipeline import TrainBatches
 from smallinit.model import Transformer
 from smallinit.trainer.loop import lr_at, make_optimizer
+from smallinit.trainer.machine.compile_choice import compile_model
 from smallinit.trainer.machine.host_memory import retain_freed_memory
 from smallinit.trainer.machine.precision import autocast_for, resolve_device, resolve_dtype
 
@@ -42,7 +43,7 @@ def bare_loop(trial, data, steps: int | None = None, compile: bool = False, warm
     optimizer = make_optimizer(model, o)
     batches = TrainBatches(data.train_tokens(), t.batch_size, t.seq_len, t.seed)
     model.train()
-    forward = torch.compile(model) if compile else model
+    forward = compile_model(model) if compile else model
     t1 = None
     for step in range(warmup + steps):
         if step == warmup:

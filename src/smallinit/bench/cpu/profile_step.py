@@ -33,13 +33,14 @@ def main(argv: list[str] | None = None) -> None:
     from smallinit.data.pipeline import TrainBatches
     from smallinit.model import Transformer
     from smallinit.trainer.loop import make_optimizer
+    from smallinit.trainer.machine.compile_choice import compile_model
 
     torch.set_num_threads(1)
     trial = compose_trial(*args.overrides, "train.device=cpu", "train.threads=1")
     data, t = prepared_data(trial), trial.train
     model = Transformer(trial.model)
     optimizer = make_optimizer(model, trial.optim)
-    forward = torch.compile(model, dynamic=False) if args.compile else model
+    forward = compile_model(model) if args.compile else model
     batches = TrainBatches(data.train_tokens(), t.batch_size, t.seq_len, t.seed)
 
     def step(i: int) -> None:

@@ -106,7 +106,7 @@ class RunCompiler:
 
     def forward(self, model):
         """The forward a run starts with."""
-        return _compile(model) if self.compiled else model
+        return compile_model(model) if self.compiled else model
 
     def after_step(self, step_s: float, steps_left: int, model):
         """Called after each main-run step with its seconds; returns the compiled forward at the
@@ -120,7 +120,7 @@ class RunCompiler:
             choice = self.dist.share(self._decide(steps_left) if self.dist.is_main else None)
             self.reason, self.compiled = choice.reason, choice.compile
             self.log(f"compile: {self.reason}")
-            return _compile(model) if choice.compile else None
+            return compile_model(model) if choice.compile else None
         if self.compiled and len(self.compiled_s) <= self.MEASURE_STEPS:
             self.compiled_s.append(step_s)
             if len(self.compiled_s) == self.MEASURE_STEPS + 1 and self.dist.is_main:
@@ -136,10 +136,11 @@ class RunCompiler:
         return decide(steps_left, _median(self.eager_s[PROBE_STEPS // 4:]), self.key)
 
 
-def _compile(model):
+def compile_model(model):
     """Static shapes: a second input shape (a shorter last evaluation batch, a probe's batch) would
     make dynamo recompile with a symbolic batch dimension, whose kernels are generic; static, each
-    shape keeps a graph of its own."""
+    shape keeps a graph of its own. The trainer, the bench's reference loop and profile_step
+    compile through this one function, so the reference is held to the same graph."""
     return torch.compile(model, dynamic=False)
 
 

@@ -31,7 +31,7 @@ BF16_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")
 # so a marginal matmul gain does not survive a training step.
 MIN_SPEEDUP = 1.3
 # ~67 MFLOP a call: where bf16 is emulated (~1 GFLOP/s) one call is ~0.07 s, so the whole check
-# stays under a second there too.
+# stays near a second there too.
 PROBE_SHAPE = (512, 256, 256)
 
 
