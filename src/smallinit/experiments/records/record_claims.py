@@ -121,6 +121,10 @@ def tokens_claim(tc: dict) -> dict:
     bends = (f"; the gap is not a line (quadratic term {q:+.4f} [{q_lo:+.4f}, {q_hi:+.4f}]), so the slope says the "
              "advantage is larger at the larger budgets, not that it grows at a steady rate"
              if q_lo is not None and q_hi is not None and (q_lo > 0 or q_hi < 0) else "")
+    # Scope: each budget's gap pairs the arms at the lrs that budget chose, so the slope is the
+    # recipe's lead with what comes with it, not the init's share of it.
+    bends += ("; each budget pairs the arms at its own chosen lrs, so the slope does not say whether the larger lead "
+              "belongs to the init, to the lower lr it permits, to the WSD branches or to text repeated past one pass")
     if p <= tc["alpha"] and b < 0:
         verdict = "supported"
     elif p <= tc["alpha"] and b > 0:
