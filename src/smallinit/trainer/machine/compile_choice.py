@@ -30,8 +30,8 @@ from smallinit.core.provenance import cpu_identity
 
 PROBE_STEPS = 16  # eager steps timed before `auto` decides (the first ones warm the allocator)
 # Priors where this machine has never compiled the shape: an empty inductor cache at d = 128,
-# 4 layers took ~40 s on a 2-core Xeon and the compiled bf16 step ran 1.5x the eager one; the
-# priors are set to need more than that before compiling.
+# 4 layers took ~40 s on a 2-core Xeon and the compiled bf16 step ran 1.3-1.7x the eager one;
+# the priors are set to need more than that before compiling.
 PRIOR_COMPILE_S = 60.0
 PRIOR_SPEEDUP = 1.3
 
