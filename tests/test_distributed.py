@@ -7,6 +7,7 @@ worker count that wrote it."""
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 import os
@@ -63,6 +64,11 @@ def _rank(rank: int, world: int, port: int, kind: str, trial, out_dir: str, stop
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
         run_trial(trial, out_dir, reporter=_StopAt(stop_at), log=lambda *_: None, dist=Parallel(kind, torch.device("cpu")))
+        # The DDP wrapper's reducer holds the gloo group and sits in reference cycles: freed only at
+        # interpreter exit, its worker threads can abort the process (SIGABRT, once in a CI run).
+        # Free it here, and let both ranks finish their last collective, before tearing down.
+        gc.collect()
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
