@@ -22,6 +22,10 @@ ARGS ?=
 # The main job: the paper's two knobs on the CPU default model, 3 paired seeds each (24 trials,
 # about 10 minutes on 2 cores), so the report can give the best setting an interval and a verdict.
 SWEEP_GRID ?= init.gamma=0.5,0.75,1.0,1.25 norm.eps=1e-5,1e-12 seed=0,1,2
+# A key in ARGS replaces the grid's (ARGS="init.gamma=1.0"): the sweep refuses a swept key given twice.
+_key = $(firstword $(subst =, ,$(1)))
+ARG_KEYS = $(foreach a,$(ARGS),$(call _key,$(a)))
+GRID_KEPT = $(foreach g,$(SWEEP_GRID),$(if $(filter $(call _key,$(g)),$(ARG_KEYS)),,$(g)))
 
 .PHONY: help install lock sweep run test-unit test test-times test-slow test-full report compare experiments bench lint dashboard clean
 
@@ -43,7 +47,7 @@ lock: install ## Write requirements-lock.txt: the exact versions installed (reco
 	$(PY) -m pip freeze --exclude-editable | grep -v '^-e ' > requirements-lock.txt
 
 sweep: install ## Run the main sweep: gamma x eps on the CPU default model (ARGS=... adds overrides)
-	$(PY) sweep.py -m $(SWEEP_GRID) $(ARGS)
+	$(PY) sweep.py -m $(GRID_KEPT) $(ARGS)
 
 run: install ## Train one trial with the defaults (ARGS=... to override)
 	$(PY) sweep.py $(ARGS)
@@ -95,7 +99,7 @@ experiments: install ## Run every CPU experiment, report each, rewrite docs/resu
 	    while read -r c; do [ -z "$$c" ] || $(PY) $${c#python } < /dev/null; done < $$checks; \
 	  fi; \
 	done
-	$(PY) -m smallinit.experiments.records.results_doc --collect
+	$(PY) -m records.results_doc --collect
 
 # bench/results.json is rewritten whole; docs/benchmarks.md's tables are generated from it
 # (even after a failed benchmark, whose entry records the error; the exit status is the bench's).

@@ -248,3 +248,21 @@ def test_a_row_whose_folder_lost_its_settings_takes_the_swept_values_from_the_st
     df = build_table(tmp_path, {"0123456789ab": {"number": 3, "state": "FAIL", "params": {"init.gamma": 1.0}}})
     assert df["param.init.gamma"].tolist() == [1.0] and df["trial_number"].tolist() == [3]
     assert df["fail_reason"].tolist() == ["the folder was removed while the trial trained"]
+
+
+def test_a_study_whose_trials_table_was_dropped_is_named_in_one_line_not_recreated_empty(tmp_path):
+    import sqlite3
+
+    from smallinit.core.errors import ConfigError
+    from smallinit.sweeper.study.study import open_storage
+
+    db = tmp_path / "optuna.db"
+    study = optuna.create_study(storage=f"sqlite:///{db}", study_name="s")
+    study.optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=1)
+    with sqlite3.connect(db) as con:
+        con.execute("PRAGMA foreign_keys = OFF")
+        con.execute("DROP TABLE trials")
+    with pytest.raises(ConfigError, match=r"optuna.db is not a readable SQLite study: it has no trials table; move it aside"):
+        open_storage(f"sqlite:///{db}")
+    with sqlite3.connect(db) as con:  # refused before Optuna could write the table back
+        assert "trials" not in {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}

@@ -73,12 +73,25 @@ def test_params_from_config_work_like_the_command_line_which_wins():
         ("optim.lr=tag(log,interval(0,1))", "log interval needs start > 0"),
         ("init.gamma=range(1,1)", "has no values"),
         ("init.gamma=0.5,0.5", "lists a value twice"),
+        ("seed=range(0,100000000)", "the grid seed (100,000,000) has 100,000,000 points, more than a sweep may hold"),
         ("init.gamma=(0.5", "init.gamma=(0.5 is invalid"),
     ],
 )
 def test_malformed_sweeps_fail_with_the_key(override, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
         parse_sweep([override])
+
+
+def test_a_swept_key_given_twice_is_refused_not_dropped_and_a_plain_one_keeps_hydras_last_wins():
+    with pytest.raises(ConfigError, match=r"^init.gamma is given twice \(init.gamma=0.5,1.0 and init.gamma=0.75\): "
+                                          r"give a swept key once, with all its values$"):
+        parse_sweep(["init.gamma=0.5,1.0", "init.gamma=0.75"])
+    assert parse_sweep(["train.max_tokens=1024", "train.max_tokens=4096"]).fixed == ["train.max_tokens=1024", "train.max_tokens=4096"]
+
+
+def test_a_grid_past_the_limit_is_refused_with_its_size_before_it_is_expanded():
+    with pytest.raises(ConfigError, match=r"^the grid seed \(10,000\) x init.gamma \(10,000\) has 100,000,000 points, more than a sweep may hold \(100,000\)"):
+        parse_sweep(["seed=range(0,10000)", "init.gamma=range(0,10000)"])
 
 
 def test_grid_matches_hydras_batched_sweeper_suite():
@@ -161,3 +174,16 @@ def test_grid_values_a_decade_apart_are_recorded_on_a_log_axis_and_old_linear_st
     assert not again["norm.eps"].log
     for point in grown.grid():  # Optuna accepts every new record on the recorded scale
         study.create_running(point, again)
+
+
+def test_make_sweep_lets_a_key_in_args_replace_the_grids_own():
+    import subprocess
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    out = subprocess.run(["make", "-n", "-s", "sweep", "ARGS=init.gamma=1.0 train.max_tokens=4096", "STAMP=Makefile"],
+                         cwd=repo, capture_output=True, text=True, check=True).stdout.split()
+    args = out[out.index("-m") + 1:]
+    assert [a for a in args if a.startswith("init.gamma=")] == ["init.gamma=1.0"]
+    assert "norm.eps=1e-5,1e-12" in args and "train.max_tokens=4096" in args
+    parse_sweep(args)  # and the sweep takes it

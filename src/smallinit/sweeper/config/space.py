@@ -14,6 +14,7 @@ hydra.sweeper.n_trials trials, in which discrete sweeps become categorical param
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -113,9 +114,20 @@ def _interval(override: Override, sweep: IntervalSweep) -> BaseDistribution:
     return FloatDistribution(float(sweep.start), float(sweep.end), log=log)
 
 
-def _same_number(a: Any, b: Any) -> bool:
-    numbers = all(isinstance(x, int | float) and not isinstance(x, bool) for x in (a, b))
-    return numbers and a == b
+def _is_number(x: Any) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool)
+
+
+# A grid larger than this is refused with its size before it is expanded: range(0,100000000)
+# would otherwise build a hundred million overrides before anything is printed.
+GRID_LIMIT = 100_000
+
+
+def _range_length(sweep: RangeSweep) -> int:
+    step = sweep.step if sweep.step is not None else 1
+    if not step or sweep.start is None or sweep.stop is None:
+        return 0
+    return max(0, math.ceil((sweep.stop - sweep.start) / step))
 
 
 def _discrete(override: Override) -> Choices:
@@ -126,28 +138,46 @@ def _discrete(override: Override) -> Choices:
         raise ConfigError(f"{override.input_line} is invalid: the sweep of {key} has no values")
     if len(set(map(repr, values))) != len(values):
         raise ConfigError(f"{override.input_line} is invalid: {key} lists a value twice")
-    for i, a in enumerate(values):  # 1 and 1.0: two strings, one number, one trial
-        twin = next((b for b in values[i + 1:] if _same_number(a, b)), None)
-        if twin is not None:
-            raise ConfigError(f"{override.input_line} is invalid: {key} lists {a!r} and {twin!r}, one value; give it once")
+    first_of: dict[float, Any] = {}  # 1 and 1.0: two strings, one number, one trial
+    for b in values:
+        if _is_number(b):
+            a = first_of.setdefault(b, b)
+            if a is not b:
+                raise ConfigError(f"{override.input_line} is invalid: {key} lists {a!r} and {b!r}, one value; give it once")
     return Choices(strings, values)
+
+
+def _refuse_a_sweep_given_twice(arguments: list[str], parser: OverridesParser) -> None:
+    """A key given twice where either is a sweep: Hydra keeps the last, silently dropping the
+    other's values. A plain key given twice keeps Hydra's rule (the last wins), which is how a
+    Makefile's default and the user's override combine."""
+    seen: dict[str, str] = {}
+    for line in arguments:
+        key = line.split("=", 1)[0].lstrip("+~")
+        if key in seen and any(_is_sweep(x, parser) for x in (seen[key], line)):
+            raise ConfigError(f"{key} is given twice ({seen[key]} and {line}): give a swept key once, with all its values")
+        seen[key] = line
+
+
+def _is_sweep(line: str, parser: OverridesParser) -> bool:
+    try:
+        return parser.parse_overrides([line])[0].is_sweep_override()
+    except OverrideParseException:
+        return False  # named with the grammar when parse_sweep reaches it
 
 
 def parse_sweep(arguments: list[str], params: dict[str, str] | None = None) -> SweepSpace:
     """Parse command-line overrides (and hydra.sweeper.params, which the command line
     overrides key by key) into a SweepSpace. Raises ConfigError on malformed syntax."""
     lines = [f"{k}={v}" for k, v in (params or {}).items()]
+    parser = OverridesParser.create()
+    _refuse_a_sweep_given_twice(arguments, parser)
     given = {line.split("=", 1)[0].lstrip("+~") for line in arguments}
     lines = [line for line in lines if line.split("=", 1)[0] not in given] + list(arguments)
-    parser = OverridesParser.create()
+    parsed = [(line, _parse(line, parser)) for line in lines]
+    _refuse_a_grid_past_the_limit([o for _, o in parsed])
     space = SweepSpace()
-    for line in lines:
-        try:
-            (override,) = parser.parse_overrides([line])
-        except OverrideParseException as e:
-            from .precheck import GRAMMAR
-
-            raise ConfigError(f"{line} is invalid: {first_line(e)} ({GRAMMAR})") from None
+    for line, override in parsed:
         key = override.get_key_element()
         if not override.is_sweep_override():
             space.fixed.append(line)
@@ -156,3 +186,23 @@ def parse_sweep(arguments: list[str], params: dict[str, str] | None = None) -> S
         elif isinstance(override.value(), ChoiceSweep | RangeSweep) or override.is_sweep_override():
             space.discrete[key] = _discrete(override)
     return space
+
+
+def _parse(line: str, parser: OverridesParser) -> Override:
+    try:
+        (override,) = parser.parse_overrides([line])
+    except OverrideParseException as e:
+        from .precheck import GRAMMAR
+
+        raise ConfigError(f"{line} is invalid: {first_line(e)} ({GRAMMAR})") from None
+    return override
+
+
+def _refuse_a_grid_past_the_limit(overrides: list[Override]) -> None:
+    """Counted from each sweep's bounds, before any value list is built."""
+    sizes = {o.get_key_element(): _range_length(o.value()) if isinstance(o.value(), RangeSweep) else len(o.value().list)
+             for o in overrides if isinstance(o.value(), ChoiceSweep | RangeSweep)}
+    points = math.prod(sizes.values())
+    if points > GRID_LIMIT and not any(isinstance(o.value(), IntervalSweep) for o in overrides):
+        raise ConfigError(f"the grid {' x '.join(f'{k} ({n:,})' for k, n in sizes.items())} has {points:,} points, "
+                          f"more than a sweep may hold ({GRID_LIMIT:,}): sweep fewer values")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import importlib.util
 import math
+import sqlite3
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +47,9 @@ def default_storage_url(sweep_dir: Path) -> str:
 
 
 SCHEMA_RACE_RETRIES = 5
+# The tables a study's trials live in. Optuna recreates a missing one empty when it opens the
+# file: a study whose trials table was dropped would read as a study with no trials.
+TRIAL_TABLES = ("studies", "trials", "trial_params", "trial_values", "trial_user_attributes")
 POSTGRES_EXTRA = "pip install -e '.[postgres]' (or: make install EXTRAS=dev,dashboard,postgres)"
 
 
@@ -80,6 +84,7 @@ def open_storage(url: str) -> optuna.storages.BaseStorage:
     given, url = url, storage_url(url)  # errors name the URL the user gave
     if url.startswith("sqlite:///"):
         Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+        _require_trial_tables(Path(url.removeprefix("sqlite:///")))
     # A generous SQLite timeout lets concurrent sweeps share one file safely.
     kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}
     try:
@@ -105,6 +110,21 @@ def open_storage(url: str) -> optuna.storages.BaseStorage:
         raise ConfigError(
             f"hydra.sweeper.storage={redacted(given)!r} is invalid: {reason} (use sqlite:///path.db or a SQLAlchemy URL such as postgresql://user@host/db)"
         ) from None
+
+
+def _require_trial_tables(path: Path) -> None:
+    """An existing Optuna SQLite file keeps every table its trials live in (read-only look)."""
+    if not path.is_file() or path.stat().st_size == 0:
+        return
+    try:
+        with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
+            tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    except sqlite3.Error:
+        return  # not SQLite at all: RDBStorage names the fault in the one line below
+    missing = [t for t in TRIAL_TABLES if t not in tables]
+    if "alembic_version" in tables and missing:
+        raise ConfigError(f"{shown(path)} is not a readable SQLite study: it has no {', '.join(missing)} table; "
+                          "move it aside and rerun to rebuild it from the trial folders")
 
 
 def make_sampler(name: str, seed: int, space: dict[str, BaseDistribution]) -> optuna.samplers.BaseSampler:
