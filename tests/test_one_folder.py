@@ -66,9 +66,14 @@ def test_a_single_run_into_another_trials_or_a_damaged_folder_is_one_line(tmp_pa
     folder = tmp_path / "run"
     first = run_cli([*TINY, "init.gamma=0.5", f"hydra.run.dir={folder}"], cwd=tmp_path, env=env)
     assert first.returncode == 0, first.stderr[-2000:]
-    other = run_cli([*TINY, "init.gamma=1.0", f"hydra.run.dir={folder}"], cwd=tmp_path, env=env)
+    written = {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+    other = run_cli([*TINY, "init.gamma=1.0", "optim.lr=0.01", f"hydra.run.dir={folder}"], cwd=tmp_path, env=env)
     assert other.returncode == 1 and "Traceback" not in other.stderr, other.stderr[-2000:]
     assert other.stderr.strip().splitlines()[-1].startswith(f"error: hydra.run.dir={folder}: {folder} holds finished trial")
+    again = run_cli([*TINY, "init.gamma=0.5", f"hydra.run.dir={folder}"], cwd=tmp_path, env=env)
+    assert again.returncode == 0 and "already finished" in again.stdout, again.stderr[-2000:]
+    # Refused or finished, the folder is as the first run left it: Hydra's .hydra/ included.
+    assert {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()} == written
     (folder / "result.json").write_text("{cut")
     damaged = run_cli([*TINY, "init.gamma=0.5", f"hydra.run.dir={folder}"], cwd=tmp_path, env=env)
     assert damaged.returncode == 1 and "Traceback" not in damaged.stderr

@@ -72,6 +72,37 @@ def run(cfg: DictConfig) -> float | None:
     return result.final_val_loss
 
 
+def _check_run_dir(argv: list[str], conf_dir) -> None:
+    """A single run into a folder that holds a finished trial, or another trial's checkpoint, is
+    answered before Hydra writes its .hydra/ there: refused in one line, or (its own finished
+    trial) told so, with nothing in the folder touched."""
+    given = [a.split("=", 1)[1] for a in argv if a.startswith("hydra.run.dir=")]
+    if not given or not Path(given[-1]).is_dir():
+        return  # Hydra's own default is a new time-stamped folder
+    from hydra import compose, initialize_config_dir
+
+    from smallinit.core.trial_dir import TrialDir, unusable
+    from smallinit.trainer.config import trial_config_from_dict
+    from smallinit.trainer.loop import folder_refusal
+
+    folder = TrialDir(given[-1])
+    if not (folder.finished or folder.has_checkpoint):
+        return
+    with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
+        cfg = compose("config", overrides=[a for a in argv if not a.startswith("-")])
+    trial = trial_config_from_dict(OmegaConf.to_container(cfg, resolve=True))
+    damage = folder.damaged_result()
+    if damage:
+        sys.exit(f"error: {folder.result_json} is {unusable(damage)}: move it aside to train the trial here again, "
+                 "or use another hydra.run.dir")
+    why = folder_refusal(trial, folder.path)
+    if why:
+        sys.exit(f"error: hydra.run.dir={folder.path}: {why}")
+    if folder.finished:
+        print(f"trial {trial.identity()} already finished in {folder.path}: nothing to train (its result.json)")
+        sys.exit(0)
+
+
 def main() -> None:
     from smallinit.core.errors import ConfigError
     from smallinit.sweeper.config.precheck import precheck
@@ -79,6 +110,8 @@ def main() -> None:
     conf = CONF_DIR
     try:
         precheck([a for a in sys.argv[1:] if a != "--show"], conf, show="--show" in sys.argv[1:])
+        if not {"-m", "--multirun", "--show"} & set(sys.argv[1:]):
+            _check_run_dir(sys.argv[1:], conf)
         if "--show" in sys.argv[1:]:
             from smallinit.sweeper.results.show import show
 

@@ -126,6 +126,17 @@ def run_trial(trial: TrialConfig, out_dir: Path, reporter: Reporter | None = Non
     return Trainer(trial, folder, reporter, log, prepared, dist).fit()
 
 
+def folder_refusal(trial: TrialConfig, out_dir: Path, world: int = 1) -> str | None:
+    """Why this trial must not train in out_dir, read without writing anything: a finished trial
+    or a checkpoint of another trial is there (run_trial and the trainer refuse the same). For a
+    caller that writes into the folder before training starts (Hydra's .hydra/): ask first."""
+    folder = TrialDir(out_dir)
+    finished = folder.read_result(damaged_ok=True)
+    if isinstance(finished, dict) and finished.get("identity") != trial.identity(world):
+        return _not_this_trial(Path(out_dir), "finished trial", finished.get("identity"), trial, world)
+    return _foreign_checkpoint(folder, trial, world)
+
+
 class LossMeter:
     """Training losses: summed on the device since the last read (`pending`), and on the host
     since the last logged row (`loss_sum`, over `micro_batches`)."""
