@@ -203,6 +203,72 @@ def test_the_folder_walker_sees_relative_absolute_and_package_imports(tmp_path):
         "experiments.high.h (folder high)", "experiments (experiments's own module top)", "experiments (folder high)"]
 
 
+# ---------------------------------------------------------------- records/, outside the package
+
+RECORDS = REPO / "records"  # the repository's record builders: run from the root, never installed
+
+
+def _records_may_import() -> set[str]:
+    """The packages of ours records/ may import: the `May import:` line of its __init__.py."""
+    doc = ast.get_docstring(ast.parse((RECORDS / "__init__.py").read_text())) or ""
+    m = MAY_IMPORT.search(doc)
+    assert m, "records/__init__.py: its docstring ends with no `May import: ...` line"
+    return {x.strip() for x in m.group(1).split(",")}
+
+
+def _records_imports(root: Path, home: Path):
+    """(file, line, module imported, names taken) for every import under root naming `records`,
+    lazy ones included (a relative import resolved against its module, as above)."""
+    for path in sorted(root.rglob("*.py")):
+        module = _module_name(path, home)
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import | ast.ImportFrom):
+                for target, names in _imported(node, module, path.name == "__init__.py"):
+                    if target.split(".")[0] == "records":
+                        yield path, node.lineno, target, names
+
+
+def test_nothing_under_src_imports_records():
+    """The installed package must run without the repository's records/, which it does not carry."""
+    wrong = [f"{p.relative_to(REPO)}:{line} imports {target}" for p, line, target, _ in _records_imports(SRC, SRC)]
+    assert not wrong, "records/ imports the library, never the reverse:\n" + "\n".join(wrong)
+
+
+def test_the_records_walker_sees_lazy_and_plain_imports(tmp_path):
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "a.py").write_text("import records.quoted\ndef f():\n    from records import results_doc\n")
+    found = [(target, names) for _, _, target, names in _records_imports(tmp_path, tmp_path)]
+    assert found == [("records.quoted", []), ("records", ["results_doc"])]
+
+
+def test_records_import_only_the_library_and_no_private_name():
+    may = _records_may_import()
+    assert may <= set(ALLOWED), f"records/__init__.py names packages that do not exist: {sorted(may - set(ALLOWED))}"
+    wrong = []
+    for path in sorted(RECORDS.rglob("*.py")):
+        module = _module_name(path, REPO)
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, ast.Import | ast.ImportFrom):
+                continue
+            for target, names in _imported(node, module, path.name == "__init__.py"):
+                if target.split(".")[0] != "smallinit":
+                    continue
+                tops = names if target == "smallinit" else [_top(target)]
+                where = f"{path.relative_to(REPO)}:{node.lineno}"
+                wrong += [f"{where} imports {top}; records may import {sorted(may)}" for top in tops if top not in may]
+                wrong += [f"{where} takes {n} from {target}" for n in names if n.startswith("_") and not n.startswith("__")]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_package_build_finds_packages_under_src_only():
+    """So a wheel carries smallinit and hydra_plugins, and never the top-level records/."""
+    import tomllib
+
+    find = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
+    assert find["where"] == ["src"] and not (SRC / "records").exists()
+    assert not any(pattern.startswith("records") for pattern in find.get("include", []))
+
+
 # ---------------------------------------------------------------- modules
 
 def _module_deps() -> dict[str, set[str]]:

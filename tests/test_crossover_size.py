@@ -1,4 +1,4 @@
-"""experiments/records/crossover_size.py: the recipe's effective size read from two sweep folders
+"""records/crossover_size.py: the recipe's effective size read from two sweep folders
 (the crossover record and the baseline at other widths), each (setting, budget) at its own chosen
 lr; a known N_eff/N is recovered; a widths sweep of another arm is refused; scaling_law's
 committed summary gives its 16 recorded cells."""
@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from smallinit.experiments.records.crossover_size import chosen_rows, main, scaling_law_cells
+from records.crossover_size import chosen_rows, main, scaling_law_cells
 
 VOCAB = 4096
 BUDGETS = [1_000_000, 2_000_000, 4_000_000]

@@ -1,10 +1,10 @@
-"""experiments/records/dtype_check.py: the bf16-against-fp32 gap, paired by seed, against the seed spread."""
+"""records/dtype_check.py: the bf16-against-fp32 gap, paired by seed, against the seed spread."""
 
 import pandas as pd
 import pytest
 
+from records.dtype_check import dtype_gap, main
 from smallinit.experiments.data.load import ReportError
-from smallinit.experiments.records.dtype_check import dtype_gap, main
 
 
 def frame(fp32, bf16, seeds=(0, 1, 2), bf16_seeds=None):
@@ -103,7 +103,7 @@ def test_the_json_record_names_its_code_machine_and_the_table_it_read(tmp_path):
 
 
 def test_the_change_bf16_makes_to_the_arms_gap_is_the_paired_difference_of_gaps():
-    from smallinit.experiments.records.dtype_check import gap_change
+    from records.dtype_check import gap_change
 
     # small − baseline: fp32 -0.10, -0.12, -0.08; bf16 -0.09, -0.12, -0.06: changes +0.01, 0, +0.02
     base = frame([4.00, 4.10, 4.20], [4.01, 4.09, 4.22])
@@ -122,7 +122,7 @@ def test_the_change_bf16_makes_to_the_arms_gap_is_the_paired_difference_of_gaps(
 
 
 def test_a_gap_that_bf16_moves_is_named():
-    from smallinit.experiments.records.dtype_check import gap_change
+    from records.dtype_check import gap_change
 
     base = frame([4.00, 4.10, 4.20], [4.00, 4.10, 4.20])
     small = frame([3.90, 4.00, 4.10], [4.00, 4.11, 4.19])  # the lead shrinks by ~0.1 in bf16 on every seed
@@ -131,7 +131,7 @@ def test_a_gap_that_bf16_moves_is_named():
 
 
 def test_arms_without_a_shared_seed_are_refused():
-    from smallinit.experiments.records.dtype_check import gap_change
+    from records.dtype_check import gap_change
 
     with pytest.raises(ReportError, match="share no seed"):
         gap_change(frame([4.0, 4.1], [4.0, 4.1]), frame([4.0, 4.1], [4.0, 4.1], seeds=(5, 6)))

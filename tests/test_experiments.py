@@ -179,11 +179,11 @@ def test_cpu_form_runs_end_to_end_at_a_reduced_budget(experiment, tmp_path, data
 @pytest.mark.slow
 def test_bf16_check_runs_and_reads_the_paired_gap(tmp_path, data_cache):
     """The precision check as a user runs it, on tiny trials: a sweep over train.dtype, then
-    `python -m smallinit.experiments.records.dtype_check` on its folder (on a CPU without native bf16 the bf16
+    `python -m records.dtype_check` on its folder (on a CPU without native bf16 the bf16
     trials are emulated, which these 2-step nano trials afford)."""
     import json
 
-    from smallinit.experiments.records import dtype_check
+    from records import dtype_check
 
     from .conftest import run_cli
 

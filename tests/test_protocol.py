@@ -218,7 +218,7 @@ def test_width_trend_in_the_summary_with_its_claim(tmp_path):
     assert f"sign-flip p = {n['p_signflip']:.3g}" in " ".join(c["evidence"])
     assert "width_trend.png" in {f["file"] for f in s["figures"]}
     # docs/results.md renders the same evidence from the summary.
-    from smallinit.experiments.records import results_doc
+    from records import results_doc
 
     page = results_doc.section("width_trend", s, None)
     assert "**Learning rates.**" in page and "**Width trend**" in page and f"{w['slope']:+.4f}" in page

@@ -1,5 +1,5 @@
 """Docs quote only numbers a record holds: every `<!-- quotes: PATH -->` passage of README.md
-and docs/ is checked against its record (experiments/records/quoted.py)."""
+and docs/ is checked against its record (records/quoted.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from smallinit.experiments.records import quoted
+from records import quoted
 
 # Pages whose measured facts once stood in no record; each now quotes one, so the check has work to do.
 QUOTING = ("docs/paper.md", "docs/training.md", "docs/gpu.md")

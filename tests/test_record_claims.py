@@ -9,9 +9,9 @@ import json
 
 import pytest
 
+from records import record_claims, results_doc
+from records.quoted import record_values, unheld
 from smallinit.core.provenance import file_sha256
-from smallinit.experiments.records import record_claims, results_doc
-from smallinit.experiments.records.quoted import record_values, unheld
 
 DOCS = results_doc.REPO / "docs"
 CROSSOVER = DOCS / "results" / "crossover"

@@ -247,7 +247,7 @@ def test_the_other_sections_compare_the_arms_at_the_largest_budget(tmp_path):
 
 
 def test_the_results_page_shows_the_fit_the_cells_and_the_crossings(tmp_path):
-    from smallinit.experiments.records.results_budgets import budgets_lines
+    from records.results_budgets import budgets_lines
 
     s = context(budget_sweep(tmp_path), tmp_path / "out").budgets.summary()
     text = "\n".join(budgets_lines(s["effective_size"], s["crossover"]))

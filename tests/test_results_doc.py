@@ -9,15 +9,15 @@ import shutil
 import pytest
 from PIL import Image
 
-from smallinit.experiments.records import results_doc
-from smallinit.experiments.records.record_claims import merged
+from records import results_doc
+from records.record_claims import merged
 
 DOCS = results_doc.REPO / "docs"
 
 
 def test_every_experiment_has_a_committed_summary():
     missing = [e for e in results_doc.EXPERIMENTS if not (DOCS / "results" / e / "summary.json").exists()]
-    assert not missing, f"run `make experiments` (or python -m smallinit.experiments.records.results_doc --collect): {missing}"
+    assert not missing, f"run `make experiments` (or python -m records.results_doc --collect): {missing}"
 
 
 def test_results_md_is_what_the_committed_summaries_give():

@@ -122,8 +122,8 @@ def test_the_status_grid_names_each_rows_seeds_and_a_budget_fewer_seeds_reached(
 def test_docs_results_shows_the_records_gap_table_line_and_decision(tmp_path):
     """docs/results.md's block for a per-budget record reads the summary the report wrote (through
     JSON, as the committed file is read) and shows each budget's lrs, gap, interval and verdict."""
+    from records.results_budgets import token_crossover_lines
     from smallinit.experiments.output.figures import Figures
-    from smallinit.experiments.records.results_budgets import token_crossover_lines
     from smallinit.experiments.report.token_crossover_section import section
 
     out = tc.analyse(rows(d_star=3e6, slope=-0.05), CHOSEN, "baseline", "small")

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from smallinit.experiments.records import results_doc
+from records import results_doc
 from smallinit.experiments.stats import valnoise
 from smallinit.experiments.stats.paired import t_interval
 from smallinit.experiments.stats.stats import compare, interaction

@@ -5,7 +5,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from smallinit.experiments.records.whole_runs import comparisons, judge, markdown
+from records.whole_runs import comparisons, judge, markdown
 from smallinit.experiments.stats.paired import holm
 
 

@@ -1,11 +1,11 @@
-"""experiments/records/wsd_check.py: each cosine run paired with the branch of the same trial at its
+"""records/wsd_check.py: each cosine run paired with the branch of the same trial at its
 budget, each side at the lr its own sweep chose (its confirm trials)."""
 
 from __future__ import annotations
 
 import pandas as pd
 
-from smallinit.experiments.records.wsd_check import arm_difference, main, pair, table
+from records.wsd_check import arm_difference, main, pair, table
 
 SAME = dict(d_model=64, n_layers=4, gamma=1.0, eps=1e-12, gate="elementwise", norm="rmsnorm", state="COMPLETE")
 
@@ -47,7 +47,7 @@ def test_cli_keeps_the_confirm_trials_writes_the_table_and_refuses_sweeps_with_n
 def test_a_per_budget_sweep_pairs_each_budget_with_the_branch_at_that_budgets_lr(tmp_path):
     import json
 
-    from smallinit.experiments.records.wsd_check import _complete
+    from records.wsd_check import _complete
 
     wsd, cosine = _rows()
     # Confirm runs at two lrs, each chosen by one budget; the other lr's branch at that budget is a decoy.

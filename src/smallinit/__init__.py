@@ -14,7 +14,8 @@ by concern:
     sweeper      Hydra multirun -> Ray Tune trials: the driver and tuner over runtime/, worker/,
                  config/, study/ and results/ (its __init__ has the map)
     experiments  the report and the paper's analyses, read from what the sweeper wrote, in data/,
-                 output/, stats/, fits/, claims/, report/ and records/ (its __init__ has the map)
+                 output/, stats/, fits/, claims/ and report/ (its __init__ has the map); the
+                 repository's record builders import it from records/, outside this package
     bench        what the instrument costs, with base/, cpu/ and gpu/ (its records stay in the
                  repository's bench/)
     conf         Hydra's presets and experiments (CONF_DIR); not a Python package

@@ -14,7 +14,10 @@ tests/test_architecture.py enforces the `May import:` line):
               (mechanism, width trend, anchor phase, token budgets)
     report    `make report`: the page (report.py) built from sections over a shared Context,
               its lead (findings), the headless-browser check (screenshot)
-    records   docs/results.md (results_doc) and the checks a record names (dtype_check, wsd_check, crossover_size)
 
-    output, data  <  stats  <  fits  <  claims  <  report;  records sits on fits
+    output, data  <  stats  <  fits  <  claims  <  report
+
+docs/results.md and the checks a record names (dtype_check, wsd_check, crossover_size, ...) are
+built by the repository's records/ (`python -m records.<name>`), outside the installed package:
+they import this library, and nothing here imports them.
 """

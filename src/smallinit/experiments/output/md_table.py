@@ -1,4 +1,5 @@
-"""Markdown cells and tables for docs/results.md (results_doc.py, results_budgets.py)."""
+"""Markdown cells and tables for docs/results.md (the repository's records/results_doc.py and
+results_budgets.py) and fits.token_crossover."""
 
 from __future__ import annotations
 

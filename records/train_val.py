@@ -10,7 +10,7 @@ and of val − train, with 95% t-intervals. The train loss is the loss of the ba
 held-out tokens. A step before the run's cooldown reads the stable phase, the last step the end of
 the cooldown.
 
-    python -m smallinit.experiments.records.train_val --crossover sweeps/crossover [--steps 4096,8192] \\
+    python -m records.train_val --crossover sweeps/crossover [--steps 4096,8192] \\
         [--window 128] [--out checks.md [--append]]
 """
 
@@ -79,7 +79,7 @@ def report(sweep: Path, steps: list[int], window: int, baseline: str = "baseline
                      f"{gap[baseline]:.4f}", f"{gap[recipe]:.4f}", f"{g:+.4f} [{g_lo:+.4f}, {g_hi:+.4f}]", str(len(seeds))])
     header = ["step", f"train, {baseline}", f"train, {recipe}", f"train: {recipe} − {baseline}", f"val − train, {baseline}",
               f"val − train, {recipe}", f"val − train: {recipe} − {baseline}", "seeds"]
-    return (f"**Train loss against held-out loss** (`python -m smallinit.experiments.records.train_val`): the whole "
+    return (f"**Train loss against held-out loss** (`python -m records.train_val`): the whole "
             f"runs to {budget:,} tokens, each arm at the lr it chose there, confirm seeds paired; train loss the mean "
             f"of the logged train loss over the last {window} steps up to the step, val loss the held-out loss at that "
             "step; differences with their 95% t-intervals, nats/token. Less overfitting would show as a smaller "

@@ -7,7 +7,7 @@ that PATH holds: "2,659 tokens/s" matches a recorded 2659.19 (rounded to the pla
 GFLOP/s") counts too. Numbers inside `code` are commands and settings, not measurements, and are
 not checked. tests/test_quoted_numbers.py runs this over every page of the repository.
 
-    python -m smallinit.experiments.records.quoted          # exit 1 and name each number no record holds
+    python -m records.quoted          # exit 1 and name each number no record holds
 """
 
 from __future__ import annotations

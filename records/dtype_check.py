@@ -1,7 +1,7 @@
 """Does bf16 autocast train to the same loss as fp32? Read from a sweep over train.dtype.
 
     python sweep.py -m +experiment=bf16_check
-    python -m smallinit.experiments.records.dtype_check sweeps/bf16_check [--json out.json]
+    python -m records.dtype_check sweeps/bf16_check [--json out.json]
 
 The two dtypes are paired by seed (same init noise, same data order), so d_s = loss_bf16(s) -
 loss_fp32(s), and the mean gap gets a 95% t-interval (experiments/stats/stats.py). Three outcomes:
@@ -165,7 +165,7 @@ def gap_change(baseline: pd.DataFrame, small: pd.DataFrame) -> GapChange:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m smallinit.experiments.records.dtype_check", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m records.dtype_check", description=__doc__.split("\n\n")[0])
     p.add_argument("sweep", type=Path, help="a sweep folder over train.dtype=fp32,bf16 (sweeps/bf16_check)")
     p.add_argument("--small", type=Path, help="with it, SWEEP is the baseline arm's folder and this the recipe's "
                                               "(conf/experiment/bf16_gap.yaml): the change bf16 makes to their gap")

@@ -3,7 +3,7 @@ per budget, the lead under cosine (whole cosine runs), the lead under WSD (a per
 its cooldown branch at a budget below its largest is the same schedule, step for step, as a whole
 WSD run of that budget) and their difference per seed, the schedule x arm interaction.
 
-    python -m smallinit.experiments.records.whole_runs --wsd sweeps/crossover \\
+    python -m records.whole_runs --wsd sweeps/crossover \\
         --cosine ~/records/whole_cosine_4m [~/records/whole_cosine_8m] --out docs/results/crossover_whole
 
 Every arm is at the lr its own sweep chose for that budget; runs are paired by seed. A budget is
@@ -20,7 +20,6 @@ import json
 import sys
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 from smallinit.core import provenance
@@ -105,7 +104,7 @@ def markdown(rows: list[dict], waiting: list[str], sources: dict) -> str:
         body.append([f"{r['budget_tokens']:,}", KINDS[r["comparison"]][0].format(r=r["recipe"], b=r["baseline"]), lrs,
                      f"{r['mean']:+.4f}", f"[{r['lo']:+.4f}, {r['hi']:+.4f}]", f"{r['p_two']:.3g}", f"{r['p_holm']:.3g}",
                      f"{r['p_signflip']:.3g}", r["verdict"]])
-    text = (f"The recipe's lead per schedule from whole runs (`python -m smallinit.experiments.records.whole_runs "
+    text = (f"The recipe's lead per schedule from whole runs (`python -m records.whole_runs "
             f"--wsd {sources['wsd']} --cosine {' '.join(sources['cosine'])}`): final validation loss, nats/token, "
             f"paired by seed; Holm over the {len(rows)} comparisons below.\n\n")
     text += md_table(header, body) if body else "No budget has all its confirm seeds yet."

@@ -4,7 +4,7 @@ same model, arm and seeds at that budget, each at the lr its own sweep chose (th
 of a select-then-confirm sweep; every trial of a sweep without one), and gives the paired
 difference per budget.
 
-    python -m smallinit.experiments.records.wsd_check --wsd sweeps/scaling_law --cosine sweeps/wsd_check [--out check.md]
+    python -m records.wsd_check --wsd sweeps/scaling_law --cosine sweeps/wsd_check [--out check.md]
 
 conf/experiment/wsd_check.yaml runs the cosine side of the scaling_law record's check.
 """
@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: no cosine trial of {args.cosine} matches a branch of {args.wsd} (same {', '.join(MATCH)} "
               "and budget)", file=sys.stderr)
         return 1
-    text = (f"A WSD cooldown branch against a dedicated cosine run of its budget (`python -m smallinit.experiments.records.wsd_check "
+    text = (f"A WSD cooldown branch against a dedicated cosine run of its budget (`python -m records.wsd_check "
             f"--wsd {args.wsd.name} --cosine {args.cosine.name}`): paired by seed, each at the lr its own sweep "
             f"chose; final validation loss, nats/token.\n\n" + table(pairs))
     extra = arm_difference(pairs, args.baseline)

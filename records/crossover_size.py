@@ -13,7 +13,7 @@ scaling_law's recorded cells:
 Every cell uses each (setting, budget)'s own chosen lr (protocol.json, per_budget), the confirm
 seeds only. N is the non-embedding parameter count of each arm's own model.
 
-    python -m smallinit.experiments.records.crossover_size --crossover sweeps/crossover \\
+    python -m records.crossover_size --crossover sweeps/crossover \\
         [--widths sweeps/crossover_widths] [--scaling-law docs/results/scaling_law/summary.json] [--out size.md [--append]]
 """
 
@@ -178,7 +178,7 @@ def report(crossover: Path | None, widths: Path | None, scaling_law: Path | None
     if scaling_law is not None:
         cells = scaling_law_cells(json.loads(Path(scaling_law).read_text()))
         rec, base = cells[cells["arm"] == "recipe"], cells[cells["arm"] == "baseline"]
-        parts += ["**scaling_law's recorded cells, refitted jointly** (`python -m smallinit.experiments.records.crossover_size "
+        parts += ["**scaling_law's recorded cells, refitted jointly** (`python -m records.crossover_size "
                   "--scaling-law`): one L(N, D) law for both arms, shared E, α, β, each arm's A and B, over "
                   f"{len(rec)} recipe cells ({rec['n'].nunique()} widths x {rec['d'].nunique()} budgets) and "
                   f"{len(base)} baseline cells ({base['n'].nunique()} widths at the largest budget: the "

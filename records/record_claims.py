@@ -23,7 +23,7 @@ The judged rows go to docs/results/<exp>/claims.json with the sha256 of the summ
 results_doc shows them in place of the summary's rows of the same claim (and adds the new ones),
 and tests/test_record_claims.py holds each verdict to the numbers it rests on.
 
-    python -m smallinit.experiments.records.record_claims --summary docs/results/crossover/summary.json \\
+    python -m records.record_claims --summary docs/results/crossover/summary.json \\
         --crossover sweeps/crossover --widths sweeps/crossover_widths --out docs/results/crossover/claims.json
 """
 
@@ -201,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = json.loads(a.summary.read_text())
     readings, note = widths_readings(a.crossover, a.widths) if a.crossover else (None, "")
     claims = judge(summary, readings, note)
-    command = " ".join(["python -m smallinit.experiments.records.record_claims", *(argv if argv is not None else sys.argv[1:])])
+    command = " ".join(["python -m records.record_claims", *(argv if argv is not None else sys.argv[1:])])
     doc = dict(about=__doc__.split("\n\n")[0].replace("\n", " "), summary=a.summary.name,
                summary_sha256=file_sha256(a.summary), command=command, claims=claims, provenance=record())
     a.out.write_text(json.dumps(_clean(doc), indent=1, ensure_ascii=False) + "\n")
