@@ -151,3 +151,34 @@ def test_the_export_loads_in_the_oldest_transformers_admitted(request, tmp_path)
         f"{python} has transformers {seen['transformers']}: rebuild it with .ci/oldest-transformers"
     check_load(seen, ours)
     assert seen["generated"] == hf_load.observe(str(folder))["generated"]  # greedy: the same tokens in both
+
+
+def test_export_writes_only_where_it_may_and_replaces_only_what_it_wrote(trial_config, tmp_path):
+    """New or empty folder, or this trial's earlier export: written. Another trial's export:
+    refused, or with --overwrite its listed files replaced. Anything an export did not write (a
+    user's config.json): refused, always, with nothing written."""
+    def snapshot(folder):
+        return {p.name: p.read_bytes() for p in folder.iterdir()}
+
+    for name, gamma in (("a", "0.5"), ("b", "1.0")):
+        run_trial(trial_config("train.max_tokens=256", f"init.gamma={gamma}"), tmp_path / name, log=lambda *_: None)
+    out = export(tmp_path / "a", tmp_path / "hf")
+    mark = json.loads((out / "smallinit.json").read_text())
+    assert sorted(mark["files"]) == sorted(p.name for p in out.iterdir() if p.name != "smallinit.json")
+    export(tmp_path / "a", out)  # its own earlier export: written again
+    before = snapshot(out)
+    with pytest.raises(ConfigError, match=r"holds the export of trial \w+, not \w+; give another folder, or --overwrite"):
+        export(tmp_path / "b", out)
+    assert snapshot(out) == before
+    export(tmp_path / "b", out, overwrite=True)
+    assert json.loads((out / "smallinit.json").read_text())["identity"] != mark["identity"]
+
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "config.json").write_text('{"mine": true}')
+    proc = subprocess.run([sys.executable, "-m", "smallinit.trainer.export", str(tmp_path / "a"), str(mine), "--overwrite"],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip() == (f"error: OUT_DIR={mine} is invalid: it holds files an export did not write (config.json); "
+                                   "give a new or empty folder (nothing was written)")
+    assert snapshot(mine) == {"config.json": b'{"mine": true}'}

@@ -93,8 +93,10 @@ def llama_state_dict(state: dict, n_layers: int) -> dict:
     return {names[k]: v.detach().float().contiguous() for k, v in state.items()}
 
 
-def export(trial_dir: Path, out_dir: Path, tokenizer: Path | None = None) -> Path:
-    """Write out_dir (config.json, model.safetensors, tokenizer files) for trial_dir's model.pt."""
+def export(trial_dir: Path, out_dir: Path, tokenizer: Path | None = None, overwrite: bool = False) -> Path:
+    """Write out_dir (config.json, model.safetensors, tokenizer files) for trial_dir's model.pt.
+    out_dir must be new, empty, or an earlier export of this trial; with `overwrite`, also an
+    earlier export of another trial (the files that export listed are replaced, nothing else)."""
     import torch
 
     folder = TrialDir(trial_dir)
@@ -114,6 +116,7 @@ def export(trial_dir: Path, out_dir: Path, tokenizer: Path | None = None) -> Pat
     # Settled before anything is written, so a refusal leaves no half-made folder.
     out_dir = Path(out_dir)
     _check_out_dir(out_dir)
+    earlier = _earlier_export(out_dir, record["identity"], overwrite)
     state = _read_weights(folder.model_weights, torch, record.get("identity"), folder.trial_json)
     tok_file = Path(tokenizer) if tokenizer else _trained_tokenizer(record["config"]["data"])
     eot = _end_of_text_id(tok_file, cfg.vocab_size) if tok_file is not None else None
@@ -127,13 +130,45 @@ def export(trial_dir: Path, out_dir: Path, tokenizer: Path | None = None) -> Pat
     missing = [m for m in missing if not (cfg.tie_embeddings and m == "lm_head.weight")]
     if missing or unexpected:
         raise RuntimeError(f"export mapping incomplete: missing {missing[:5]}, unexpected {unexpected[:5]}")
+    (out_dir / MARK).unlink(missing_ok=True)  # an export cut short below leaves no mark: it is nobody's
+    for name in earlier:
+        (out_dir / name).unlink(missing_ok=True)
     model.save_pretrained(out_dir, safe_serialization=True)  # config.json and generation_config.json
     _portable_config(out_dir / "config.json", cfg)
     if tok_file is not None:
         _write_tokenizer(out_dir, tok_file, eot is not None, cfg.max_seq_len)
-    (out_dir / "smallinit.json").write_text(json.dumps({"identity": record["identity"], "config": record["config"]},
-                                                       indent=2))
+    files = sorted(str(p.relative_to(out_dir)) for p in out_dir.rglob("*") if p.is_file())
+    (out_dir / MARK).write_text(json.dumps({"identity": record["identity"], "config": record["config"],
+                                            "files": files}, indent=2))
     return out_dir
+
+
+# Written last into an export folder: whose model it holds and every file the export wrote, so a
+# later export knows what it may replace (only those) and what it must not touch (the rest).
+MARK = "smallinit.json"
+
+
+def _earlier_export(out_dir: Path, identity: str, overwrite: bool) -> list[str]:
+    """The files of an earlier export in out_dir that this one replaces; [] for a new or empty
+    folder. A folder holding anything an export did not write is refused, as is another trial's
+    export without `overwrite`."""
+    present = sorted(str(p.relative_to(out_dir)) for p in out_dir.rglob("*") if p.is_file()) if out_dir.is_dir() else []
+    if not present:
+        return []
+    try:
+        mark = json.loads((out_dir / MARK).read_text())
+        listed = set(mark["files"]) if isinstance(mark, dict) and isinstance(mark.get("files"), list) else set()
+    except (OSError, ValueError):
+        listed, mark = set(), {}
+    foreign = [f for f in present if f != MARK and f not in listed]
+    if foreign or MARK not in present:
+        shown = ", ".join((foreign or present)[:4]) + (" ..." if len(foreign or present) > 4 else "")
+        raise ConfigError(f"OUT_DIR={out_dir} is invalid: it holds files an export did not write ({shown}); give a new "
+                          "or empty folder (nothing was written)")
+    if mark.get("identity") != identity and not overwrite:
+        raise ConfigError(f"OUT_DIR={out_dir} is invalid: it holds the export of trial {mark.get('identity')}, not "
+                          f"{identity}; give another folder, or --overwrite to replace that export's files")
+    return sorted(listed)
 
 
 def _portable_config(path: Path, cfg: ModelConfig) -> None:
@@ -232,9 +267,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("trial_dir", type=Path, help="a finished trial folder (sweeps/<name>/trials/<identity>)")
     p.add_argument("out_dir", type=Path, help="where to write the Hugging Face folder")
     p.add_argument("--tokenizer", type=Path, help="a tokenizers JSON file (default: the one the trial trained with)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an earlier export of another trial in OUT_DIR (only the files it wrote)")
     args = p.parse_args(argv)
     try:
-        out = export(args.trial_dir, args.out_dir, args.tokenizer)
+        out = export(args.trial_dir, args.out_dir, args.tokenizer, args.overwrite)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
