@@ -22,7 +22,9 @@ from .conftest import REPO, TINY, run_cli
 ])
 def test_a_grid_that_would_train_one_folder_twice_is_refused_before_anything_is_written(tmp_path, data_cache,
                                                                                          args, message):
-    proc = run_cli(["-m", *TINY, *args], cwd=tmp_path, env={"SMALLINIT_CACHE": str(data_cache)})
+    swept = {a.split("=", 1)[0] for a in args}  # the test's own key replaces TINY's (a swept key is given once)
+    proc = run_cli(["-m", *(t for t in TINY if t.split("=", 1)[0] not in swept), *args], cwd=tmp_path,
+                   env={"SMALLINIT_CACHE": str(data_cache)})
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines()[-1].startswith(f"error: {message}")
     assert not (tmp_path / "sweeps").exists()

@@ -60,9 +60,34 @@ def test_a_damaged_metrics_file_is_one_line_naming_the_file_and_the_line(tmp_pat
 
 
 @pytest.mark.slow
+def _before_the_list(*folders: Path) -> None:
+    """Each trial's result.json as written before it listed the trial's files (core/trial_files.py):
+    the readers then meet each damaged file themselves. A sweep folder: every trial in it."""
+    for folder in folders:
+        for result in [folder / "result.json"] if (folder / "result.json").exists() else folder.glob("trials/*/result.json"):
+            record = json.loads(result.read_text())
+            record.pop("files", None)
+            result.write_text(json.dumps(record))
+
+
+def test_the_report_leaves_out_a_trial_whose_files_changed_and_says_so(tiny_sweep, tmp_path):
+    sweep = tmp_path / "rep"
+    shutil.copytree(tiny_sweep, sweep)
+    done = load([sweep]).complete
+    metrics = Path(done["metrics_path"].iloc[0])
+    metrics.write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\xff\xff")
+    proc = report_cli("--sweep", str(sweep), "--out", str(tmp_path / "out"), "--widths", WIDTHS, "--boot", "20")
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    line = (f"trial {metrics.parent.name} left out of every verdict: {metrics.parent / 'result.json'} is the record of "
+            f"files that changed since: metrics.jsonl is cut short (")
+    assert line in proc.stderr and "rerun the sweep's command to train it again" in proc.stderr
+    assert "Left out of every comparison" in (tmp_path / "out" / "rep" / "report.md").read_text()
+
+
 def test_the_report_names_a_damaged_metrics_file_and_uses_one_cut_by_a_kill(tiny_sweep, tmp_path):
     sweep = tmp_path / "rep"
     shutil.copytree(tiny_sweep, sweep)
+    _before_the_list(sweep)
     paths = [Path(p) for p in load([sweep]).complete["metrics_path"]]
     cut, garbage = paths[0], paths[1]
     whole = read_metrics(cut)
@@ -89,6 +114,7 @@ def test_the_report_names_a_damaged_metrics_file_and_uses_one_cut_by_a_kill(tiny
 def test_the_report_names_a_damaged_npz_in_one_line(tiny_sweep, tmp_path, which):
     sweep = tmp_path / "rep"
     shutil.copytree(tiny_sweep, sweep)
+    _before_the_list(sweep)
     done = load([sweep]).complete
     if which == "per_token":
         damaged = Path(done["per_token_losses_path"].dropna().iloc[0])
@@ -126,10 +152,13 @@ def test_export_onto_a_file_is_one_line_naming_it(trial, tmp_path, capsys):
     assert target.read_text() == "keep me"
 
 
+@pytest.mark.parametrize("listed", [True, False], ids=["listed", "before the list"])
 @pytest.mark.parametrize("damage", ["truncated", "garbage", "not a checkpoint"])
-def test_export_from_a_damaged_model_pt_is_one_line_naming_it(trial, tmp_path, capsys, damage):
+def test_export_from_a_damaged_model_pt_is_one_line_naming_it(trial, tmp_path, capsys, damage, listed):
     import torch
 
+    if not listed:
+        _before_the_list(trial)
     weights = trial / "model.pt"
     if damage == "truncated":
         weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
@@ -139,7 +168,10 @@ def test_export_from_a_damaged_model_pt_is_one_line_naming_it(trial, tmp_path, c
         torch.save([1, 2, 3], weights)
     rc, err = export_cli(capsys, trial, tmp_path / "hf")
     assert rc == 2 and len(err) == 1, err
-    assert err[0].startswith(f"error: {weights} is unreadable (")
-    assert err[0].endswith("copy it again from where it came, or move the trial's result.json aside and rerun the "
-                           "sweep's command to train the trial again")
+    if listed:  # held to what result.json lists (core/trial_files.py)
+        assert err[0].startswith(f"error: {trial}: model.pt is ") and "the export would not be this trial's model" in err[0]
+    else:  # the weights' own reader
+        assert err[0].startswith(f"error: {weights} is unreadable (")
+        assert err[0].endswith("copy it again from where it came, or move the trial's result.json aside and rerun the "
+                               "sweep's command to train the trial again")
     assert not (tmp_path / "hf").exists()  # refused before anything is written

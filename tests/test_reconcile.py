@@ -24,7 +24,7 @@ def test_a_lost_or_damaged_finished_trial_is_named_and_trained_again(tmp_path, d
     gone, garbage, bad_meta = (sweep_dir / p for p in before["trial_dir"])
     shutil.rmtree(gone)  # rm -rf trials/<id>
     (garbage / "result.json").write_bytes(b"\x80\xff\x00 not json at all")
-    (bad_meta / "trial.json").write_bytes(b"\xfe\xfe")  # the row then comes from sweep.json
+    (bad_meta / "trial.json").write_bytes(b"\xfe\xfe")
 
     again = sweep(tmp_path, data_cache, *GRID)
     assert again.returncode == 0, again.stderr[-3000:]
@@ -33,6 +33,10 @@ def test_a_lost_or_damaged_finished_trial_is_named_and_trained_again(tmp_path, d
     assert (f"study: sweeps/rec/trials/{garbage.name}/result.json is damaged (not readable JSON (cut off or "
             "overwritten)): set aside as result.json.corrupt-") in again.stdout
     assert len(list(garbage.glob("result.json.corrupt-*"))) == 1  # kept for a look, not deleted
+    # A damaged trial.json of a finished trial: its twin in sweep.json gives back the very bytes.
+    assert (f"sweeps/rec/trials/{bad_meta.name}/trial.json was cut short (2 bytes; the trial wrote") in again.stdout
+    assert "rewritten from sweep.json, which holds the same record" in again.stdout
+    assert (bad_meta / "trial.json").read_bytes() != b"\xfe\xfe" and len(list(bad_meta.glob("trial.json.corrupt-*"))) == 1
 
     after = table(tmp_path, "rec").sort_values("param.init.gamma").reset_index(drop=True)
     assert after["state"].tolist() == ["COMPLETE"] * 3 and after["identity"].tolist() == before["identity"].tolist()

@@ -32,6 +32,10 @@ that decide whether to train (the trainer, the worker) let a damaged file raise:
 damaged result.json for "not finished" would train over a finished trial. The results table
 passes `damaged_ok=True`: one unreadable folder must not cost every other trial its row.
 
+result.json lists every other file the finished trial keeps, with its size and sha256
+(core/trial_files.py); damaged_result() holds the folder to that list, so a file changed since
+the trial finished makes its record as unusable as a damaged result.json, for every reader.
+
 A result read back must also be this trial's: a file copied in from another trial folder
 (another identity, or another budget's branch) is as unusable as a damaged one, and the same
 readers treat it the same way (damaged_result, damaged_budget). Paths a record stores
@@ -47,6 +51,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from . import trial_files
 from .files import atomic_write_json
 
 TRIALS_FOLDER = "trials"  # a sweep folder keeps each trial at trials/<identity>/
@@ -103,13 +108,16 @@ def result_problem(result: Any) -> str | None:
 
 
 # A problem that says the file is another's (result_problem's others say it is damaged): a line
-# names it as such, not as damage, so the reader looks for the copy that put it there.
+# names it as such, not as damage, so the reader looks for the copy that put it there. So is a
+# whole result.json whose trial's other files changed (core/trial_files.py).
 FOREIGN = ("another trial's", "another budget's")
+CHANGED = "the record of files that changed since: "
 
 
 def unusable(why: str) -> str:
-    """How one line names a file that cannot be reported: `another trial's file (...)` or `damaged (...)`."""
-    return why if why.startswith(FOREIGN) else f"damaged ({why})"
+    """How one line names a file that cannot be reported: `another trial's file (...)`, `the
+    record of files that changed since: ...` or `damaged (...)`."""
+    return why if why.startswith((*FOREIGN, CHANGED)) else f"damaged ({why})"
 
 
 def _set_aside(path: Path) -> Path:
@@ -284,8 +292,20 @@ class TrialDir:
 
     def damaged_result(self) -> str | None:
         """Why result.json, which is there, cannot be reported (unreadable, cut off, another
-        schema, no finite loss, another trial's); None when it is missing or whole."""
-        return self._problem(self.result_json)
+        schema, no finite loss, another trial's, or a file it lists changed since: the trial's
+        record is then not whole); None when it is missing or whole."""
+        why = self._problem(self.result_json)
+        if why is None and self.result_json.exists():
+            changed = self.changed_files()
+            if changed:
+                return CHANGED + trial_files.describe(changed)
+        return why
+
+    def changed_files(self, weights: bool = False) -> dict[str, str]:
+        """{name: what is wrong} for the files result.json lists that are not as the trial left
+        them (core/trial_files.py); `weights`: model.pt too. {} for an unfinished trial."""
+        result = _read_json(self.result_json, damaged_ok=True)
+        return trial_files.changes(self.path, result, weights) if isinstance(result, dict) else {}
 
     def _problem(self, path: Path, tokens: int | None = None, identity: str | None = None) -> str | None:
         """Why the result at path (result.json, or budgets/<tokens>.json) cannot be reported
@@ -310,8 +330,16 @@ class TrialDir:
 
     def set_aside_result(self) -> Path:
         """Rename result.json beside itself (kept, as a damaged checkpoint is): the trial is
-        then unfinished and trains again."""
+        then unfinished and trains again. The files it lists that changed since are set aside
+        with it: training again writes the trial's own, never over a file it did not write."""
+        for name in self.changed_files(weights=True):
+            if (self.path / name).is_file():
+                _set_aside(self.path / name)
         return _set_aside(self.result_json)
+
+    def set_aside_file(self, path: Path) -> Path:
+        """Rename one of this folder's files beside itself, as set_aside_result does."""
+        return _set_aside(path)
 
     # ---- budgets/<tokens>.json: one budget's result ----
 

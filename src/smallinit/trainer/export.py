@@ -22,6 +22,7 @@ import shutil
 import sys
 from pathlib import Path
 
+from smallinit.core import trial_files
 from smallinit.core.errors import ConfigError, first_line
 from smallinit.core.trial_dir import TrialDir
 from smallinit.data import shards
@@ -111,6 +112,11 @@ def export(trial_dir: Path, out_dir: Path, tokenizer: Path | None = None, overwr
         raise ConfigError(f"{folder.trial_json} holds no trial config: restore it before exporting")
     if not folder.model_weights.is_file():
         raise ConfigError(f"{folder.model_weights} does not exist: the trial has not finished")
+    changed = {n: why for n, why in folder.changed_files(weights=True).items()
+               if n in (folder.trial_json.name, folder.model_weights.name)}
+    if changed:  # held against what the finished trial listed in result.json (core/trial_files.py)
+        raise ConfigError(f"{folder.path}: {trial_files.describe(changed)}: the export would not be this trial's "
+                          "model; restore the trial's own file, or rerun its sweep to train it again")
     cfg = model_config_from_dict(record["config"]["model"])
     check_exportable(cfg)
     # Settled before anything is written, so a refusal leaves no half-made folder.

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from smallinit.core import provenance
+from smallinit.core import provenance, trial_files
 from smallinit.core.trial_dir import TrialDir, unusable
 from smallinit.model import Transformer
 
@@ -80,6 +80,9 @@ class TrialResult:
     # One identity on two CPUs is not bit-identical (their kernels round differently) and the
     # difference grows with the steps, so a result names the machine it came from.
     made_by: dict[str, Any] | None = None
+    # Every file the finished trial keeps, with its size and sha256 (core/trial_files.py): what
+    # each reader holds the folder against. Last, so that result.json is written after the rest.
+    files: dict[str, Any] = field(default_factory=dict)
 
 
 # Dense bf16 peak FLOP/s of common accelerators, for MFU.
@@ -376,7 +379,8 @@ class Trainer:
         )
         if not self.dist.is_main:
             return result
-        if main:
+        result.files = trial_files.listing(self.folder.path, own_budget=main.tokens if main else None)
+        if main:  # result.json's twin, listing the same files
             self.folder.write_budget_result(main.tokens, asdict(result))
         self.folder.write_result(asdict(result))
         self.folder.drop_checkpoint()  # after result.json: a kill in between still resumes

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import os
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +27,7 @@ import pandas as pd
 
 from smallinit.core import results_schema as schema
 from smallinit.core.errors import first_line
+from smallinit.core.trial_dir import TrialDir, unusable
 
 from .tuning import OPTIM_COLS, Tuning, tune
 
@@ -63,6 +64,7 @@ class Sweep:
     complete: pd.DataFrame  # COMPLETE rows with a finite loss, labelled, at each cell's best lr (tuning.py)
     setting_cols: list[str]
     tuning: Tuning
+    left_out: list[str] = field(default_factory=list)  # finished trials whose files changed since: one line each
 
     @property
     def name(self) -> str:
@@ -174,6 +176,7 @@ def load(dirs: list[Path], metric: str = LOSS, budgets: str = "all") -> Sweep:
     results = pd.concat(_each_trial_once(frames, dirs), ignore_index=True) if frames else pd.DataFrame()
     if results.empty:
         raise ReportError(f"{', '.join(str(d) for d in dirs)}: results.parquet has no trials")
+    left_out = _hold_to_their_files(results)
     if budgets == "largest" and has_branches(results):
         largest = results.groupby(schema.TRIAL_IDENTITY)[schema.BUDGET_TOKENS].transform("max")
         keep = results[schema.BUDGET_TOKENS].isna() | largest.isna() | (results[schema.BUDGET_TOKENS] == largest)
@@ -216,7 +219,32 @@ def load(dirs: list[Path], metric: str = LOSS, budgets: str = "all") -> Sweep:
         raise ReportError(f"{', '.join(str(d) for d in dirs)}: no role=confirm trial at a chosen setting yet "
                           "(select-then-confirm: rerun the sweep's command to run the confirm stage)")
     return Sweep(dirs=list(dirs), results=results, complete=tuned.reset_index(drop=True), setting_cols=setting_cols,
-                 tuning=tuning)
+                 tuning=tuning, left_out=left_out)
+
+
+def _hold_to_their_files(results: pd.DataFrame) -> list[str]:
+    """A COMPLETE row whose trial folder no longer holds what the trial left (a file it lists
+    changed, or result.json itself: core/trial_files.py) becomes FAIL with the reason, in place:
+    it is left out of every verdict, and the report says so (one line each, returned)."""
+    if "trial_dir" not in results or schema.STATE not in results:
+        return []
+    lines, seen = [], {}
+    results[schema.FAIL_REASON] = results[schema.FAIL_REASON].astype(object) if schema.FAIL_REASON in results else None
+    for i in results.index[results[schema.STATE] == schema.COMPLETE]:
+        stored = results.at[i, "trial_dir"]
+        if not isinstance(stored, str) or not Path(stored).is_dir():
+            continue
+        if stored not in seen:
+            folder = TrialDir(stored)
+            why = folder.damaged_result()
+            seen[stored] = None if why is None else f"{folder.result_json} is {unusable(why)}"
+            if why is not None:
+                lines.append(f"trial {folder.path.name} left out of every verdict: {seen[stored]}; rerun the sweep's "
+                             "command to train it again")
+        if seen[stored] is not None:
+            results.at[i, schema.STATE] = schema.FAIL
+            results.at[i, schema.FAIL_REASON] = seen[stored]
+    return lines
 
 
 def trial_identities(df: pd.DataFrame) -> list[str | None]:

@@ -183,7 +183,11 @@ def _fixed_overrides(sweep: Sweep, params: dict, skip: tuple[str, ...]) -> list[
     if len(sweep.dirs) != 1 or any(len(v) > GRID_MAX_VALUES for k, v in params.items() if k not in skip):
         return None
     record = Path(sweep.dirs[0]) / "fixed_overrides.json"
-    return list(json.loads(record.read_text()).get("fixed", {}).values()) if record.exists() else None
+    try:  # a damaged record (the sweep refuses to run on it, naming it): no command to repeat
+        fixed = json.loads(record.read_text()).get("fixed", {}) if record.exists() else None
+    except (OSError, ValueError, AttributeError):
+        return None
+    return list(fixed.values()) if isinstance(fixed, dict) else None
 
 
 def _command(args: list[str], sweep: Sweep) -> str:

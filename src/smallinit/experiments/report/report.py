@@ -77,6 +77,8 @@ def build(dirs: list[Path], out_root: Path = Path("reports"), baseline_gamma: fl
     paper's recipe against the effective-size baseline."""
     t0 = time.time()
     sweep, budget_sweep = load_report(dirs, metric)
+    for line in sweep.left_out:
+        log(line)
     out = Path(out_root) / sweep.name
     out.mkdir(parents=True, exist_ok=True)
     for old in out.glob("*.png"):

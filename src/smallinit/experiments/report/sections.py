@@ -100,6 +100,9 @@ def header(ctx: Context) -> Part:
                              f"{info['trials']} trials complete ({', '.join(f'{k}: {v}' for k, v in info['states'].items())})"
                              + (f"; {info['compared']} of them are at their setting's best lr and enter the comparisons."
                                 if info["compared"] != info["complete"] else ".")))
+    if sweep.left_out:
+        blocks.append(Block("note", "Left out of every comparison, because the files in their folders changed since "
+                                    "they finished: " + " ".join(sweep.left_out)))
     tok_txt = f"{info['max_tokens']:,.0f}" if math.isfinite(info["max_tokens"]) else "?"
     blocks.append(Block("note", f"Scale: {info['sizes']} model size(s), the largest {info['max_params'] / 1e6:.2f}M "
                                 f"parameters trained on {tok_txt} tokens per trial"

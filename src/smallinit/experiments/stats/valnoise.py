@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +37,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
+from smallinit.core.trial_dir import TrialDir
 from smallinit.experiments.data.load import read_per_token
 
 if TYPE_CHECKING:
@@ -113,10 +113,11 @@ def _trial_windows(path: str) -> tuple[str, np.ndarray, int] | None:
     """(digest of the target tokens, window means, windows of the compared loss) of one trial's
     per-token file; None where the file or its trial.json (seq_len, eval_tokens) is missing."""
     pt = read_per_token(path)
-    trial_json = Path(path).parent / "trial.json"
-    if pt is None or not trial_json.exists():
+    record = TrialDir(Path(path).parent).read_trial(damaged_ok=True)  # damaged or odd: no windows, as missing
+    cfg = record.get("config") if isinstance(record, dict) else None
+    train = cfg.get("train") if isinstance(cfg, dict) else None
+    if pt is None or not isinstance(train, dict):
         return None
-    train = json.loads(trial_json.read_text()).get("config", {}).get("train", {})
     seq_len, eval_tokens = train.get("seq_len"), train.get("eval_tokens")
     if not seq_len:
         return None

@@ -33,6 +33,11 @@ def trial_rows(trial_dir: TrialDir, study_state: dict[str, Any] | None = None,
     """The trial's row, or one row per budget of a train.budgets trial; [] before it is planned."""
     meta = trial_dir.read_trial(damaged_ok=True)
     plan = trial_dir.read_sweep_plan()
+    own = trial_dir.own_identity()
+    if isinstance(meta, dict) and own is not None and meta.get("identity") != own:
+        meta = None  # another trial's trial.json copied in: the row stays this folder's (its reason below)
+    if isinstance(plan, dict) and own is not None and plan.get("identity") not in (None, own):
+        plan = {}
     if not _has_config(meta) and _has_config(plan):  # planned, never started, or trial.json damaged
         meta = {"identity": plan.get("identity", trial_dir.identity), "config": plan["config"]}
     if not _has_config(meta):

@@ -46,6 +46,7 @@ def reconcile(study: Study, sweep_dir: Path) -> list[str]:
     Only trials whose folders belong in sweep_dir are judged: a shared study's others are not ours."""
     lines, set_aside = [], {}
     for d in TrialDir.all_in_sweep(sweep_dir):
+        lines += _heal_trial_json(d)
         why = d.damaged_result()
         if why is not None:
             aside = d.set_aside_result()
@@ -75,6 +76,28 @@ def reconcile(study: Study, sweep_dir: Path) -> list[str]:
             lines.append(f"trial {t.number} ({t.state.name.lower()}) is not in its folder: {why}; "
                          "the trial trains again")
     return lines
+
+
+def _heal_trial_json(d: TrialDir) -> list[str]:
+    """A finished trial's trial.json that changed, where it is the only changed file, is rewritten
+    from sweep.json (the driver's record of the same identity, config and worker count) when that
+    gives back the very bytes the trial wrote; otherwise the trial is left to damaged_result."""
+    changed = d.changed_files()
+    if set(changed) != {d.trial_json.name}:
+        return []
+    plan = d.read_sweep_plan()
+    if not plan or plan.get("identity") != d.identity:
+        return []
+    aside = d.set_aside_file(d.trial_json) if d.trial_json.exists() else None  # kept, never written over
+    d.write_trial(plan["identity"], plan["config"], plan.get("workers", 1))
+    if d.changed_files():  # not the very bytes: as it was, and the trial trains again
+        d.trial_json.unlink()
+        if aside is not None:
+            aside.rename(d.trial_json)
+        return []
+    kept = f"set aside as {aside.name} and " if aside is not None else ""
+    return [f"{shown(d.trial_json)} was {changed[d.trial_json.name]}: {kept}rewritten from sweep.json, which holds the "
+            "same record"]
 
 
 def _heal_budgets(d: TrialDir) -> list[str]:
