@@ -55,12 +55,14 @@ def comparisons(pairs: pd.DataFrame, confirm_seeds: dict[int, set[int]], baselin
         lead = {side: (w.loc[seeds, recipe] - w.loc[seeds, baseline]).to_numpy(float) for side, w in wide.items()}
         lrs = {side: {arm: sorted({float(x) for x in g.loc[g["param.arm"] == arm, f"lr_{side}"]}) for arm in (baseline, recipe)}
                for side in ("cosine", "wsd")}
-        for name, d in (("lead_cosine", lead["cosine"]), ("lead_wsd", lead["wsd"]),
-                        ("interaction", lead["wsd"] - lead["cosine"])):
+        arm_means = {side: {arm: float(w.loc[seeds, arm].mean()) for arm in (baseline, recipe)} for side, w in wide.items()}
+        for name, d, side in (("lead_cosine", lead["cosine"], "cosine"), ("lead_wsd", lead["wsd"], "wsd"),
+                              ("interaction", lead["wsd"] - lead["cosine"], None)):
             mean, lo, hi = t_interval(d)
             out.append(dict(budget_tokens=int(budget), comparison=name, recipe=recipe, baseline=baseline,
                             seeds=seeds, diffs=[float(x) for x in d], mean=mean, lo=lo, hi=hi,
-                            p_two=min(1.0, 2 * min(t_pvalues(d))), p_signflip=signflip_p(d), lrs=lrs))
+                            p_two=min(1.0, 2 * min(t_pvalues(d))), p_signflip=signflip_p(d), lrs=lrs,
+                            arm_means=arm_means[side] if side else None))
     return out, waiting
 
 
@@ -94,15 +96,16 @@ def trials_made_by(sweeps: list[Path], frames: list[pd.DataFrame]) -> dict:
 
 
 def markdown(rows: list[dict], waiting: list[str], sources: dict) -> str:
-    header = ["budget [tokens]", "comparison", "lrs (baseline, recipe)", "mean", "95% interval", "t p", "Holm p",
-              "sign-flip p", "verdict"]
+    header = ["budget [tokens]", "comparison", "lrs (baseline, recipe)", "loss (baseline, recipe)", "mean",
+              "95% interval", "t p", "Holm p", "sign-flip p", "verdict"]
     body = []
     for r in rows:
         lrs = "" if r["comparison"] == "interaction" else "; ".join(
             f"{', '.join(f'{x:g}' for x in r['lrs'][side][r['baseline']])}, {', '.join(f'{x:g}' for x in r['lrs'][side][r['recipe']])}"
             for side in (("cosine",) if r["comparison"] == "lead_cosine" else ("wsd",)))
+        losses = ", ".join(f"{r['arm_means'][a]:.4f}" for a in (r["baseline"], r["recipe"])) if r["arm_means"] else ""
         body.append([f"{r['budget_tokens']:,}", KINDS[r["comparison"]][0].format(r=r["recipe"], b=r["baseline"]), lrs,
-                     f"{r['mean']:+.4f}", f"[{r['lo']:+.4f}, {r['hi']:+.4f}]", f"{r['p_two']:.3g}", f"{r['p_holm']:.3g}",
+                     losses, f"{r['mean']:+.4f}", f"[{r['lo']:+.4f}, {r['hi']:+.4f}]", f"{r['p_two']:.3g}", f"{r['p_holm']:.3g}",
                      f"{r['p_signflip']:.3g}", r["verdict"]])
     text = (f"The recipe's lead per schedule from whole runs (`python -m records.whole_runs "
             f"--wsd {sources['wsd']} --cosine {' '.join(sources['cosine'])}`): final validation loss, nats/token, "

@@ -31,6 +31,7 @@ def test_each_schedules_lead_and_their_difference_are_paired_by_seed():
     assert [r["p_holm"] for r in rows] == holm([r["p_two"] for r in rows])
     assert got["lead_wsd"]["verdict"] == "recipe ahead" and got["interaction"]["verdict"] == "larger under WSD"
     assert got["lead_cosine"]["lrs"]["cosine"] == {"baseline": [4e-3], "small": [2e-3]}
+    assert got["lead_wsd"]["arm_means"]["small"] - got["lead_wsd"]["arm_means"]["baseline"] == pytest.approx(got["lead_wsd"]["mean"])
     assert "lead under WSD" in markdown(rows, waiting, {"wsd": "crossover", "cosine": ["whole_cosine_4m"]})
 
 
