@@ -105,6 +105,31 @@ def test_a_full_disk_names_the_file_and_the_rerun_after_freeing_space_completes_
         subprocess.run(["umount", "-l", str(folder)])
 
 
+def _chattr(flag: str, *paths) -> bool:
+    return shutil.which("chattr") is not None and subprocess.run(["chattr", flag, *map(str, paths)],
+                                                                   capture_output=True).returncode == 0
+
+
+@pytest.mark.slow  # two sweeps of one trial; `make test-full`
+@pytest.mark.parametrize("what", ["results.parquet", "trials"])
+def test_a_write_the_system_refuses_is_one_line_naming_the_path(tmp_path, data_cache, what):
+    """An immutable results table, or an immutable trials/ that a grown grid must add a folder
+    to: the rerun ends in one line naming the path and what to do; the finished trial is kept."""
+    first = sweep(tmp_path, data_cache, "init.gamma=0.5", "wandb.mode=disabled", "name=ro")
+    assert first.returncode == 0, first.stderr[-3000:]
+    target = tmp_path / "sweeps" / "ro" / what
+    if not _chattr("+i", target):
+        pytest.skip("chattr +i needs root on a file system that has it")
+    try:
+        again = sweep(tmp_path, data_cache, "init.gamma=0.5,1.0", "wandb.mode=disabled", "name=ro")
+    finally:
+        _chattr("-i", target)
+    assert again.returncode == 1 and "Traceback" not in again.stderr, again.stderr[-3000:]
+    last = again.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"error: cannot write {target}") and "(Operation not permitted): make it writable" in last
+    assert last.endswith("rerun the same command; what finished is kept")
+
+
 @pytest.mark.slow
 def test_an_unreadable_checkpoint_is_set_aside_and_the_trial_trains_from_scratch(tmp_path, data_cache, trial_config):
     import torch

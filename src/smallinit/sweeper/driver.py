@@ -47,7 +47,7 @@ from smallinit.sweeper.runtime.cluster import check_reachable, connect_ray, stop
 from smallinit.sweeper.runtime.lock import hold_driver_lock
 from smallinit.sweeper.study.plan import plan_sweep
 from smallinit.sweeper.study.study import FINISHED
-from smallinit.sweeper.worker.failures import disk_full
+from smallinit.sweeper.worker.failures import disk_full, write_refused, write_refused_line
 from smallinit.sweeper.worker.trainable import TrialSpec
 from smallinit.trainer.data_check import check_trials
 from smallinit.trainer.machine.host_memory import check_switch as check_allocator_switch
@@ -60,7 +60,9 @@ def run_sweep(conf: SmallinitSweeperConf, loader, base: DictConfig, arguments: l
         return _run(conf, loader, base, arguments)
     except ConfigError as e:
         sys.exit(f"error: {e}")
-    except OSError as e:  # the driver's own writes (the results table, the summary) on a full disk
+    except OSError as e:  # the driver's own writes (plans, the results table, the summary)
+        if (refused := write_refused(e)) is not None:
+            sys.exit(f"error: {write_refused_line(refused)}")
         if (full := disk_full(e)) is None:
             raise
         sys.exit(f"error: no space left on device: {full.filename or 'a file of the sweep'}; the trials that "

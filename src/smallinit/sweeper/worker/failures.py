@@ -41,6 +41,23 @@ def disk_full(e: BaseException) -> OSError | None:
     return next((c for c in _chain(e) if isinstance(c, OSError) and c.errno in _DISK_FULL), None)
 
 
+_WRITE_REFUSED = (errno.EACCES, errno.EPERM, errno.EROFS)
+
+
+def write_refused(e: BaseException) -> OSError | None:
+    """The OSError behind e that refused a write (permission, an immutable file, a read-only
+    file system), if that is what e is."""
+    return next((c for c in _chain(e) if isinstance(c, OSError) and c.errno in _WRITE_REFUSED), None)
+
+
+def write_refused_line(e: OSError) -> str:
+    """One line for a write the system refused: the path, why, and what to do."""
+    what = e.filename2 or e.filename or "a file of the sweep"  # a rename onto it: the target
+    return (f"cannot write {what} ({e.strerror or 'refused'}): make it writable (chmod u+w, or chattr -i for an "
+            "immutable file; a read-only file system: use another hydra.sweep.dir) and rerun the same command; "
+            "what finished is kept")
+
+
 def classify(e: BaseException) -> tuple[str, str]:
     """(kind, reason): the reason a user reads in the results table, one line first."""
     from smallinit.trainer.loop import FolderRemoved, TrialDiverged
