@@ -17,9 +17,8 @@ import re
 import sys
 from pathlib import Path
 
+from .results_doc import QUOTES as BLOCK
 from .results_doc import REPO, numbers_in
-
-BLOCK = re.compile(r"<!-- quotes: (\S+) -->(.*?)<!-- /quotes -->", re.S)
 
 
 def _walk(value, out: list) -> None:

@@ -375,12 +375,17 @@ def verdicts_in(text: str) -> set[str]:
     return found
 
 
+# A passage citing another record: `<!-- quotes: PATH -->...<!-- /quotes -->` (records/quoted.py checks it).
+QUOTES = re.compile(r"<!-- quotes: (\S+) -->(.*?)<!-- /quotes -->", re.S)
+
+
 def stray(reading: str, generated: str) -> list[str]:
     """The numbers and verdict words of a reading that its generated section does not show.
     A number written without a sign matches the section's number with either sign; "28%"
     matches a shown fraction that rounds to it (0.280); numbers inside `code` (a command, a
-    config key) are not measurements and are not checked."""
-    prose = re.sub(r"`[^`]*`", " ", reading)
+    config key) are not measurements and are not checked; nor are numbers in a `<!-- quotes: PATH -->`
+    passage, which cite another record and are held to it (records/quoted.py)."""
+    prose = re.sub(r"`[^`]*`", " ", QUOTES.sub(" ", reading))
     shown = numbers_in(generated)
     fractions = [float(x.replace(",", "")) for x in shown]
     percents = re.findall(r"(?<![\w.])(\d+(?:\.\d+)?)%", prose.replace("−", "-"))
