@@ -27,6 +27,7 @@ EXPECTED = {
     "crossover": (8, {"micro"}),
     "crossover_cosine": (16, {"micro"}),
     "crossover_widths": (6, {"micro"}),
+    "crossover_registry": (8, {"micro"}),
     "gpu/gamma_scan": (15, {"0.1b"}),
     "gpu/eps_fix": (12, {"0.5b"}),
     "gpu/gate": (18, {"0.1b"}),
@@ -54,6 +55,23 @@ def test_experiment_composes_into_its_grid(experiment, data_cache):
             ungated = t.model.replace(attn=dataclasses.replace(t.model.attn, gate="none"))
             assert t.train.max_tokens == pytest.approx(20 * ungated.num_params(active=True), rel=1e-6)
             assert t.train.compile == "true" and t.model.vocab_size == 32768
+
+
+def test_crossover_registry_is_the_crossovers_design_on_text_seen_once(data_cache):
+    """The crossover's model, batch, evaluation and 102-step warmup on data=registry, every budget
+    under a third of a pass over the corpus's measured training tokens (docs/data/registry_corpus.json)."""
+    import json
+
+    from .conftest import REPO
+
+    _, trials = grid_trials("crossover_registry")
+    _, crossover = grid_trials("crossover")
+    corpus = json.loads((REPO / "docs" / "data" / "registry_corpus.json").read_text())["n_train_tokens"]
+    for t, c in zip(trials, crossover):
+        assert t.data.corpus == "registry" and t.model == c.model and t.train.budgets[-1] == 16 * 2**20
+        assert (t.train.batch_size, t.train.seq_len, t.train.eval_tokens) == (c.train.batch_size, c.train.seq_len, c.train.eval_tokens)
+        assert round(t.optim.warmup_frac * t.train.total_steps) == round(c.optim.warmup_frac * c.train.total_steps) == 102
+        assert max(t.train.budgets) < corpus / 3
 
 
 def test_scaling_arms_pair_the_papers_recipes(data_cache):
