@@ -12,10 +12,11 @@ from ray.tune.search import Searcher
 
 from smallinit.core.errors import ConfigError
 from smallinit.sweeper.config.space import parse_sweep
+from smallinit.sweeper.config.spec import TrialSpec
 from smallinit.sweeper.study.searcher import StudySearcher
 from smallinit.sweeper.study.study import SAMPLED, Pending, Study, default_storage_url, open_storage
 from smallinit.sweeper.worker.failures import PERMANENT, TRANSIENT, WORKER_CRASHED
-from smallinit.sweeper.worker.trainable import METRIC, TrialSpec
+from smallinit.sweeper.worker.trainable import METRIC
 
 SEARCH = parse_sweep(["init.gamma=interval(0.5,1.25)"])
 DISTS = {"init.gamma": FloatDistribution(0.5, 1.25)}

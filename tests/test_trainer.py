@@ -216,3 +216,23 @@ def test_a_result_names_the_machine_commit_and_threads_that_made_it(trial_config
     assert made_by["threads"] == 1 and made_by["workers"] == 1
     assert made_by["packages"]["torch"] == metadata.version("torch")
     assert made_by["commit"] == git_state()[0]
+
+
+def test_the_trainer_reads_the_identity_it_is_given_and_never_computes_it(trial_config, tmp_path, monkeypatch):
+    """A sweep's driver computes each trial's identity once (TrialSpec); the trainer carries it into
+    every record it writes and checks the folder against it."""
+    from smallinit.core.trial_dir import TrialDir
+    from smallinit.trainer.config import TrialConfig
+    from smallinit.trainer.loop import run_trial
+
+    trial = trial_config("train.max_tokens=256")
+    identity = trial.identity()
+
+    def computed(self, *a, **k):
+        raise AssertionError("the trainer computed the identity again")
+
+    monkeypatch.setattr(TrialConfig, "identity", computed)
+    result = run_trial(trial, tmp_path / "t", log=lambda *_: None, identity=identity)
+    folder = TrialDir(tmp_path / "t")
+    assert result.identity == folder.read_trial()["identity"] == folder.read_result()["identity"] == identity
+    assert run_trial(trial, tmp_path / "t", log=lambda *_: None, identity=identity).identity == identity  # finished: read

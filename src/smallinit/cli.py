@@ -42,8 +42,8 @@ def run(cfg: DictConfig) -> float | None:
     except ConfigError as e:
         sys.exit(f"error: {e}")
     out_dir = HydraConfig.get().runtime.output_dir
-    m = trial.model
-    print(f"trial {trial.identity()}: {trial.preset} ({m.num_params() / 1e6:.2f}M params), "
+    m, identity = trial.model, trial.identity()  # once: the trainer reads it
+    print(f"trial {identity}: {trial.preset} ({m.num_params() / 1e6:.2f}M params), "
           f"gamma={m.init.gamma} eps={m.norm.eps:g} gate={m.attn.gate}, "
           f"{trial.train.total_steps} steps x {trial.train.tokens_per_step} tokens -> {out_dir}")
     # Said, because wandb.* is accepted here too: only a sweep's trials log to W&B.
@@ -57,7 +57,7 @@ def run(cfg: DictConfig) -> float | None:
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     try:  # the same lock a sweep's worker holds: two resumes of one folder never train it together
         with trial_lock(folder.lock):
-            result = run_trial(trial, out_dir, reporter=console, prepared=prepared)
+            result = run_trial(trial, out_dir, reporter=console, prepared=prepared, identity=identity)
     except (TrialBusy, ForeignFolder) as e:
         sys.exit(f"error: hydra.run.dir={out_dir}: {e}")
     except DamagedFile as e:
@@ -91,15 +91,16 @@ def _check_run_dir(argv: list[str], conf_dir) -> None:
     with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
         cfg = compose("config", overrides=[a for a in argv if not a.startswith("-")])
     trial = trial_config_from_dict(OmegaConf.to_container(cfg, resolve=True))
+    identity = trial.identity()
     damage = folder.damaged_result()
     if damage:
         sys.exit(f"error: {folder.result_json} is {unusable(damage)}: move it aside to train the trial here again, "
                  "or use another hydra.run.dir")
-    why = folder_refusal(trial, folder.path)
+    why = folder_refusal(trial, folder.path, identity)
     if why:
         sys.exit(f"error: hydra.run.dir={folder.path}: {why}")
     if folder.finished:
-        print(f"trial {trial.identity()} already finished in {folder.path}: nothing to train (its result.json)")
+        print(f"trial {identity} already finished in {folder.path}: nothing to train (its result.json)")
         sys.exit(0)
 
 

@@ -35,6 +35,7 @@ from smallinit.sweeper.config.config import SmallinitSweeperConf, check_sweeper_
 from smallinit.sweeper.config.precheck import check_name
 from smallinit.sweeper.config.schema import check_wandb
 from smallinit.sweeper.config.space import parse_sweep
+from smallinit.sweeper.config.spec import TrialSpec
 from smallinit.sweeper.results.summary import (
     all_failed_before,
     failed_before_message,
@@ -48,7 +49,6 @@ from smallinit.sweeper.runtime.lock import hold_driver_lock
 from smallinit.sweeper.study.plan import plan_sweep
 from smallinit.sweeper.study.study import FINISHED
 from smallinit.sweeper.worker.failures import disk_full, write_refused, write_refused_line
-from smallinit.sweeper.worker.trainable import TrialSpec
 from smallinit.trainer.data_check import check_trials
 from smallinit.trainer.machine.host_memory import check_switch as check_allocator_switch
 

@@ -111,33 +111,34 @@ def make_optimizer(model: torch.nn.Module, optim) -> torch.optim.AdamW:
 
 
 def run_trial(trial: TrialConfig, out_dir: Path, reporter: Reporter | None = None, log=print, prepared=None,
-              dist=None) -> TrialResult:
+              dist=None, identity: str | None = None) -> TrialResult:
     """Train one trial into out_dir, resuming from its checkpoint if one is there. `dist` is
     this process's part of a multi-process trial (trainer/distributed.py): every rank trains,
-    rank 0 alone evaluates, probes and writes the folder; None is one process."""
+    rank 0 alone evaluates, probes and writes the folder; None is one process. `identity`: the
+    trial's, as the caller computed it once (a sweep's driver: TrialSpec); None computes it here."""
     dist = dist or Single()
+    identity = identity or trial.identity(dist.world)  # N > 1 workers: their own trial
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     folder = TrialDir(out_dir)
-    identity = trial.identity(dist.world)  # N > 1 workers: their own trial
     finished = folder.read_result()
     if finished is not None:
         if finished["identity"] != identity:
-            raise ForeignFolder(_not_this_trial(out_dir, "finished trial", finished["identity"], trial, dist.world))
+            raise ForeignFolder(_not_this_trial(out_dir, "finished trial", finished["identity"], trial, dist.world, identity))
         log(f"trial {identity} already finished in {out_dir}")
         return TrialResult(**finished)
-    return Trainer(trial, folder, reporter, log, prepared, dist).fit()
+    return Trainer(trial, folder, reporter, log, prepared, dist, identity).fit()
 
 
-def folder_refusal(trial: TrialConfig, out_dir: Path, world: int = 1) -> str | None:
-    """Why this trial must not train in out_dir, read without writing anything: a finished trial
-    or a checkpoint of another trial is there (run_trial and the trainer refuse the same). For a
-    caller that writes into the folder before training starts (Hydra's .hydra/): ask first."""
+def folder_refusal(trial: TrialConfig, out_dir: Path, identity: str, world: int = 1) -> str | None:
+    """Why trial `identity` must not train in out_dir, read without writing anything: a finished
+    trial or a checkpoint of another trial is there (run_trial and the trainer refuse the same).
+    For a caller that writes into the folder before training starts (Hydra's .hydra/): ask first."""
     folder = TrialDir(out_dir)
     finished = folder.read_result(damaged_ok=True)
-    if isinstance(finished, dict) and finished.get("identity") != trial.identity(world):
-        return _not_this_trial(Path(out_dir), "finished trial", finished.get("identity"), trial, world)
-    return _foreign_checkpoint(folder, trial, world)
+    if isinstance(finished, dict) and finished.get("identity") != identity:
+        return _not_this_trial(Path(out_dir), "finished trial", finished.get("identity"), trial, world, identity)
+    return _foreign_checkpoint(folder, trial, world, identity)
 
 
 class LossMeter:
@@ -163,10 +164,11 @@ class Trainer:
     trainer/observer.py) and `forks` (the budgets' cooldown branches, trainer/budget_forks.py);
     checkpoints and the check that the folder is still this trial's are methods here."""
 
-    def __init__(self, trial: TrialConfig, folder: TrialDir, reporter: Reporter | None, log, prepared, dist):
+    def __init__(self, trial: TrialConfig, folder: TrialDir, reporter: Reporter | None, log, prepared, dist,
+                 identity: str):
         self.trial, self.folder, self.log, self.dist = trial, folder, log, dist
         t = trial.train
-        self.identity, self.total = trial.identity(dist.world), t.total_steps
+        self.identity, self.total = identity, t.total_steps
         self.made_by = self._claim_folder()
         self.device = resolve_device(t.device) if dist.world == 1 else dist.device
         self.precision = resolve_dtype(self.device, t.dtype)
@@ -238,7 +240,8 @@ class Trainer:
         # A checkpoint of another trial (this one on another worker count, most often) is refused
         # before trial.json is rewritten: the folder stays that trial's, to finish where it began.
         # Rank 0 reads, every rank raises the same line.
-        refused = dist.share(_foreign_checkpoint(self.folder, self.trial, dist.world) if dist.is_main else None)
+        refused = dist.share(_foreign_checkpoint(self.folder, self.trial, dist.world, self.identity)
+                             if dist.is_main else None)
         if refused:
             raise ForeignFolder(refused)
         if not dist.is_main:
@@ -387,10 +390,10 @@ class Trainer:
         return result
 
 
-def _not_this_trial(out_dir: Path, what: str, other: str, trial: TrialConfig, world: int) -> str:
-    """The one line refusing a folder that holds `what` of trial `other`, not of this trial on
-    `world` workers; when `other` is this trial on another worker count, it says so."""
-    identity, workers = trial.identity(world), trial.workers_of(other)
+def _not_this_trial(out_dir: Path, what: str, other: str, trial: TrialConfig, world: int, identity: str) -> str:
+    """The one line refusing a folder that holds `what` of trial `other`, not of this trial
+    (`identity`) on `world` workers; when `other` is this trial on another worker count, it says so."""
+    workers = trial.workers_of(other)
     if workers is None:
         return f"{out_dir} holds {what} {other}, not {identity}: use another folder"
     return (f"{out_dir} holds {what} {other}, this trial on {_count(workers)}, not {identity} on "
@@ -412,14 +415,14 @@ def _count(workers: int) -> str:
     return "1 worker" if workers == 1 else f"{workers} workers"
 
 
-def _foreign_checkpoint(folder: TrialDir, trial: TrialConfig, world: int) -> str | None:
+def _foreign_checkpoint(folder: TrialDir, trial: TrialConfig, world: int, identity: str) -> str | None:
     """Why folder's checkpoint cannot be resumed here: trial.json says it is another trial's;
     None without a checkpoint or with this trial's (a damaged one is set aside when read)."""
     record = folder.read_trial(damaged_ok=True)
     other = record.get("identity") if isinstance(record, dict) else None
-    if not folder.has_checkpoint or not isinstance(other, str) or other == trial.identity(world):
+    if not folder.has_checkpoint or not isinstance(other, str) or other == identity:
         return None
-    return _not_this_trial(folder.path, "a checkpoint of trial", other, trial, world)
+    return _not_this_trial(folder.path, "a checkpoint of trial", other, trial, world, identity)
 
 
 def _budgets_done(folder: TrialDir, side: list[Branch], identity: str, state: dict | None, log) -> tuple[set[int], bool]:

@@ -15,12 +15,12 @@ from omegaconf import DictConfig, OmegaConf
 from smallinit.core.errors import ConfigError
 from smallinit.core.trial_dir import TrialDir
 from smallinit.sweeper.runtime.resources import trial_workers
-from smallinit.sweeper.worker.trainable import TrialSpec
 from smallinit.trainer.config import trial_config_from_dict
 from smallinit.trainer.distributed import check_split
 
 from .points import PointComposer
 from .space import SweepSpace
+from .spec import TrialSpec
 
 
 class Composer:

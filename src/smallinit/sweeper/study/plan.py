@@ -17,9 +17,9 @@ from smallinit.sweeper.config import fixed_overrides
 from smallinit.sweeper.config.compose import Composer
 from smallinit.sweeper.config.config import SmallinitSweeperConf
 from smallinit.sweeper.config.space import SweepSpace
+from smallinit.sweeper.config.spec import TrialSpec
 from smallinit.sweeper.runtime.lock import live_driver
 from smallinit.sweeper.worker import failures
-from smallinit.sweeper.worker.trainable import TrialSpec
 
 from .study import (
     FINISHED,

@@ -17,8 +17,9 @@ from ray.tune.search import Searcher
 
 from smallinit.core.errors import ConfigError
 from smallinit.sweeper.config.space import SweepSpace
+from smallinit.sweeper.config.spec import TrialSpec
 from smallinit.sweeper.worker import failures
-from smallinit.sweeper.worker.trainable import METRIC, TrialSpec
+from smallinit.sweeper.worker.trainable import METRIC
 
 from .study import Pending, Study
 

@@ -27,7 +27,7 @@ from smallinit.core.files import disk_full
 
 if TYPE_CHECKING:
     from smallinit.sweeper.config.space import SweepSpace
-    from smallinit.sweeper.worker.trainable import TrialSpec
+    from smallinit.sweeper.config.spec import TrialSpec
 
 SAMPLERS = ("tpe", "random", "gp", "grid")
 TRIAL_DIR = "trial_dir"  # the user attribute that names a trial's folder

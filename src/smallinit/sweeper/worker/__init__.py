@@ -1,5 +1,5 @@
 """What runs inside a Ray worker: one trial, its metrics forwarded to Ray Tune and W&B
 (trainable), and why a trial failed and whether a rerun tries it again (failures).
 
-May import: runtime
+May import: runtime, config
 """
