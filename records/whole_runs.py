@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     text = markdown(rows, waiting, sources)
     print(text)
     if args.out:
-        summary = {"made_by": provenance.record(), "trials_made_by": trials_made_by([args.wsd, *args.cosine], [wsd, *cosine]),
+        summary = {"provenance": provenance.record(), "trials_made_by": trials_made_by([args.wsd, *args.cosine], [wsd, *cosine]),
                    "sources": sources, "alpha": ALPHA, "comparisons": rows, "waiting": waiting}
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "summary.json").write_text(json.dumps(summary, indent=1, default=float) + "\n")
