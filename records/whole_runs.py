@@ -24,7 +24,9 @@ import pandas as pd
 
 from smallinit.core import provenance
 from smallinit.core.markdown import table as md_table
+from smallinit.core.results_schema import results_path
 from smallinit.core.trial_dir import TrialDir
+from smallinit.experiments.report.report import write_results_tables
 from smallinit.experiments.stats.paired import holm, signflip_p, t_interval, t_pvalues
 
 from .wsd_check import LOSS, _complete, pair
@@ -137,9 +139,13 @@ def main(argv: list[str] | None = None) -> int:
     text = markdown(rows, waiting, sources)
     print(text)
     if args.out:
-        summary = {"provenance": provenance.record(), "trials_made_by": trials_made_by([args.wsd, *args.cosine], [wsd, *cosine]),
-                   "sources": sources, "alpha": ALPHA, "comparisons": rows, "waiting": waiting}
         args.out.mkdir(parents=True, exist_ok=True)
+        sweeps = [args.wsd, *args.cosine]
+        tables = write_results_tables(sweeps, args.out)  # the tables read, kept beside the record as CSV
+        block = {**provenance.record(), "results_sha256": {d.name: provenance.file_sha256(results_path(d)) for d in sweeps},
+                 "results_tables": tables}
+        summary = {"provenance": block, "trials_made_by": trials_made_by([args.wsd, *args.cosine], [wsd, *cosine]),
+                   "sources": sources, "alpha": ALPHA, "comparisons": rows, "waiting": waiting}
         (args.out / "summary.json").write_text(json.dumps(summary, indent=1, default=float) + "\n")
         (args.out / "lead.md").write_text(text + "\n")
     return 0
