@@ -80,3 +80,37 @@ def test_a_single_run_into_another_trials_or_a_damaged_folder_is_one_line(tmp_pa
     damaged = run_cli([*TINY, "init.gamma=0.5", f"hydra.run.dir={folder}"], cwd=tmp_path, env=env)
     assert damaged.returncode == 1 and "Traceback" not in damaged.stderr
     assert damaged.stderr.strip().splitlines()[-1].startswith(f"error: {folder / 'result.json'} is damaged (")
+
+
+@pytest.mark.slow  # two sweeps of one trial; `make test-full`
+def test_two_folders_on_one_study_started_seconds_apart_train_an_identity_once(tmp_path, data_cache):
+    """The first driver claims its grid's trials in the study before Ray starts, so a second one
+    started as soon as the first has planned (long before any trial checkpoints) leaves them, says
+    so, and counts none of them as done."""
+    import os
+    import time
+
+    import optuna
+
+    from .conftest import TINY_SWEEP, sweep
+
+    db = tmp_path / "team.db"
+    args = ["init.gamma=0.5", "train.max_tokens=16384", "train.probe_every=0", "wandb.mode=disabled",
+            f"hydra.sweeper.storage=sqlite:///{db}", "hydra.sweeper.study_name=team"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)]), "SMALLINIT_CACHE": str(data_cache),
+           "WANDB_API_KEY": ""}
+    first = subprocess.Popen([sys.executable, str(REPO / "sweep.py"), "-m", *TINY_SWEEP, *args, "name=a"], cwd=tmp_path,
+                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines, deadline = [], time.time() + 120
+    while time.time() < deadline and not any(line.startswith("sweep team: grid") for line in lines):
+        lines.append(first.stdout.readline())
+    assert any("(0 already done); to run: 0 resume from a checkpoint, 1 new" in line for line in lines), lines
+    second = sweep(tmp_path, data_cache, *args, "name=b")
+    out = first.communicate(timeout=600)[0]
+    assert first.returncode == 0, out[-3000:]
+    assert second.returncode == 0 and "Traceback" not in second.stdout + second.stderr, second.stderr[-3000:]
+    assert "study: 1 trial of this sweep is being trained by another sweep's driver" in second.stdout
+    assert "grid, 1 trials (0 already done, 1 being trained by another sweep); nothing to run" in second.stdout
+    assert not list(tmp_path.glob("sweeps/b/trials/*/result.json"))  # not trained twice
+    trials = optuna.load_study(study_name="team", storage=f"sqlite:///{db}").get_trials(deepcopy=False)
+    assert [t.state for t in trials] == [optuna.trial.TrialState.COMPLETE]

@@ -5,6 +5,7 @@ it was asked to write (the real one composes Hydra configs, ~0.2 s a point)."""
 
 from __future__ import annotations
 
+import dataclasses
 from types import SimpleNamespace
 
 import optuna
@@ -35,7 +36,7 @@ class Points:
         identity = f"g{params['init.gamma']}"
         if write:
             self.written.append(identity)
-        return SimpleNamespace(identity=identity, params=dict(params),
+        return SimpleNamespace(identity=identity, params=dict(params), role=None,
                                out_dir=str(TrialDir.in_sweep(self.sweep_dir, identity).path))
 
 
@@ -56,9 +57,17 @@ def _trial(sweep, gamma, state=TrialState.RUNNING, value=None, **attrs):
 
 
 def _plan(sweep, space, n_trials=20, retry_failed=False):
+    """(pending, n_new, skipped, total). A grid's pending trials are claimed in the study by the
+    plan: a trial it created there reads as new (existing None), one it reuses as resumed."""
     conf = SmallinitSweeperConf(n_trials=n_trials, retry_failed=retry_failed)
     specs = [sweep.points.spec(p) for p in space.grid()] if space.mode == "grid" else []
-    return _left_to_run(conf, space, sweep.study, specs, sweep.points)
+    before = {t.number for t in sweep.study.study.get_trials(deepcopy=False)}
+    grid = sweep.study.grid_distributions(space) if space.mode == "grid" else None
+    pending, n_new, skipped, total, _ = _left_to_run(conf, space, sweep.study, specs, sweep.points, grid)
+    claimed = [t for p in pending if (t := p.existing) is not None and t.number not in before]
+    assert all(t.state == TrialState.RUNNING and t.user_attrs["identity"] for t in claimed)
+    pending = [dataclasses.replace(p, existing=None) if p.existing in claimed else p for p in pending]
+    return pending, n_new, skipped, total
 
 
 def _pending(pending) -> list[tuple[str, int | None]]:
@@ -144,16 +153,18 @@ def test_a_superseded_grid_point_trains_again_as_a_new_trial(sweep):
 
 
 def test_a_grid_rerun_after_a_kill_creates_no_second_trial_for_any_point(sweep):
-    """Driver one records two points and is killed; the rerun hands the second one back."""
-    first, _, _, _ = _plan(sweep, GRID)
-    started = [sweep.study.create_running(p.spec.params, DISTS, identity=p.spec.identity,
-                                          trial_dir=p.spec.out_dir) for p in first[:2]]
-    sweep.study.finish(started[0], TrialState.COMPLETE, 6.0)
+    """Driver one claims its four points in the study as it plans, finishes one and is killed; the
+    rerun hands the other three back to itself, each as the study trial claimed for it."""
+    conf = SmallinitSweeperConf()
+    specs = [sweep.points.spec(p) for p in GRID.grid()]
+    first = _left_to_run(conf, GRID, sweep.study, specs, sweep.points, sweep.study.grid_distributions(GRID))[0]
+    claimed = [p.existing for p in first]
+    assert [t.state for t in claimed] == [TrialState.RUNNING] * 4
+    sweep.study.finish(claimed[0], TrialState.COMPLETE, 6.0)
     rerun = Study(open_storage(default_storage_url(sweep.dir)), "s", optuna.samplers.RandomSampler(seed=0))
-    pending, _, skipped, _ = _left_to_run(SmallinitSweeperConf(), GRID, rerun,
-                                          [sweep.points.spec(p) for p in GRID.grid()], sweep.points)
-    assert _pending(pending) == [("g0.75", started[1].number), ("g1.0", None), ("g1.25", None)]
-    assert skipped == 1
+    pending, _, skipped, _, _ = _left_to_run(conf, GRID, rerun, specs, sweep.points, rerun.grid_distributions(GRID))
+    assert _pending(pending) == [(s.identity, t.number) for s, t in zip(specs[1:], claimed[1:])]
+    assert skipped == 1 and len(rerun.study.get_trials(deepcopy=False)) == 4
 
 
 def test_a_search_counts_ended_trials_resumes_running_ones_and_asks_for_the_rest(sweep):

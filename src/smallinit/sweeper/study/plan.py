@@ -29,6 +29,7 @@ from .study import (
     make_sampler,
     open_storage,
     redacted,
+    trial_names,
 )
 from .study_rebuild import reconcile, restore_from_folders
 
@@ -50,6 +51,8 @@ class SweepPlan:
     n_new: int
     skipped: int
     total: int
+    elsewhere: int = 0  # being trained now by another sweep's driver on the same study: not here
+
 
     @property
     def has_work(self) -> bool:
@@ -58,7 +61,8 @@ class SweepPlan:
     def summary(self) -> str:
         """`sweep x: grid, 8 trials (3 already done); to run: 2 resume from a checkpoint, 3 new; folder ...`:
         finished trials are skipped, interrupted ones go on from their checkpoints, the rest start at step 0."""
-        return (f"sweep {self.study.study.study_name}: {self.space.mode}, {self.total} trials ({self.skipped} already done); "
+        busy = f", {self.elsewhere} being trained by another sweep" if self.elsewhere else ""
+        return (f"sweep {self.study.study.study_name}: {self.space.mode}, {self.total} trials ({self.skipped} already done{busy}); "
                 f"{to_run(self.pending, self.n_new)}; folder {self.sweep_dir}, study {redacted(self.storage_url)}")
 
 
@@ -94,10 +98,10 @@ def plan_sweep(conf: SmallinitSweeperConf, composer: Composer, grid_specs: list[
     grid_dists = study.grid_distributions(space) if space.mode == "grid" else None
     # Everything is valid: from here on we write.
     fixed_overrides.record(sweep_dir, fixed)
-    pending, n_new, skipped, total = _left_to_run(conf, space, study, grid_specs, composer)
+    pending, n_new, skipped, total, elsewhere = _left_to_run(conf, space, study, grid_specs, composer, grid_dists)
     return SweepPlan(space=space, composer=composer, study=study, storage_url=storage_url, sweep_dir=sweep_dir,
                      checked=checked, grid_distributions=grid_dists, pending=pending, n_new=n_new,
-                     skipped=skipped, total=total)
+                     skipped=skipped, total=total, elsewhere=elsewhere)
 
 
 def _trials(n: int) -> str:
@@ -127,25 +131,32 @@ def _say_running_elsewhere(elsewhere: dict[str, str]) -> None:
               flush=True)
 
 
-def _left_to_run(conf, space, study, specs, composer) -> tuple[list[Pending], int, int, int]:
-    """(pending, n_new, skipped, total)."""
+def _left_to_run(conf, space, study, specs, composer, grid_dists) -> tuple[list[Pending], int, int, int, int]:
+    """(pending, n_new, skipped, total, running elsewhere). A grid's trials left to run are
+    claimed in the study now, RUNNING and named, before Ray starts: another sweep's driver on
+    the same study, started seconds later, sees them as trained here and leaves them."""
     known = study.by_identity()
     elsewhere = {ident: where for ident, t in known.items()
                  if (where := _running_elsewhere(t, composer.sweep_dir)) is not None}
     _say_running_elsewhere(elsewhere)
     if space.mode == "grid":
-        pending, skipped = [], 0
+        pending, skipped, busy = [], 0, 0
         for spec in specs:
             t = known.get(spec.identity)
             folder = TrialDir(spec.out_dir)
             failed = folder.failed or (t is not None and t.state == TrialState.FAIL)
+            if spec.identity in elsewhere:
+                busy += 1
+                continue
             if folder.finished or (failed and not _retry(conf, folder, t)) or (
-                    not failed and t is not None and t.state in FINISHED) or spec.identity in elsewhere:
+                    not failed and t is not None and t.state in FINISHED):
                 skipped += 1
                 continue
             composer.spec(spec.params, write=True)
-            pending.append(Pending(spec, t if t is not None and t.state == TrialState.RUNNING else None))
-        return pending, 0, skipped, len(specs)
+            if t is None or t.state != TrialState.RUNNING:
+                t = study.create_running(spec.params, grid_dists, **trial_names(spec))
+            pending.append(Pending(spec, t))
+        return pending, 0, skipped, len(specs), busy
     # Count every finished trial (a sampler may propose the same point twice); a RUNNING one
     # was left by a killed driver (one driver per study at a time) and is resumed. A failure
     # to retry runs again as a new study trial with the same params.
@@ -164,7 +175,7 @@ def _left_to_run(conf, space, study, specs, composer) -> tuple[list[Pending], in
     pending = [Pending(composer.spec(t.params, write=True), t) for t in interrupted]
     pending += [Pending(composer.spec(t.params, write=True)) for t in [*retry, *lost.values()]]
     n_new = max(0, conf.n_trials - len(finished) - len(pending))
-    return pending, n_new, len(finished), conf.n_trials
+    return pending, n_new, len(finished), conf.n_trials, len(elsewhere)
 
 
 def _retry(conf: SmallinitSweeperConf, folder: TrialDir, t) -> bool:

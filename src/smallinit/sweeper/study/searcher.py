@@ -21,7 +21,7 @@ from smallinit.sweeper.config.spec import TrialSpec
 from smallinit.sweeper.worker import failures
 from smallinit.sweeper.worker.trainable import METRIC
 
-from .study import Pending, Study
+from .study import Pending, Study, trial_names
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ class StudySearcher(Searcher):
         if self.queue:
             item = self.queue.pop(0)
             spec = item.spec
-            named = self._names(spec)
+            named = trial_names(spec)
             if item.existing is None:
                 trial = self.study.create_running(spec.params, self.fixed_distributions, **named)
             else:
@@ -70,15 +70,10 @@ class StudySearcher(Searcher):
         # Optuna's ask writes the trial before its attributes: a driver killed in between leaves
         # one unnamed RUNNING trial, which no rerun counts (Study.by_identity) and the
         # sampler reads as a point in flight.
-        self.study.set_attrs(trial, **self._names(spec))
+        self.study.set_attrs(trial, **trial_names(spec))
         self.live[trial_id] = (trial, spec)
         return spec.tune_config(trial.number)
 
-    @staticmethod
-    def _names(spec: TrialSpec) -> dict[str, Any]:
-        """The attributes that tie a study trial to its point and folder."""
-        role = {"role": spec.role} if spec.role else {}
-        return {"identity": spec.identity, "trial_dir": spec.out_dir, **role}
 
     def on_trial_result(self, trial_id: str, result: dict) -> None:
         if trial_id in self.live and result.get(METRIC) is not None and "step" in result:

@@ -144,6 +144,12 @@ def make_sampler(name: str, seed: int, space: dict[str, BaseDistribution]) -> op
     raise ConfigError(f"hydra.sweeper.sampler={name!r} is invalid: one of {list(SAMPLERS)}")
 
 
+def trial_names(spec: TrialSpec) -> dict[str, Any]:
+    """The attributes that tie a study trial to its point and folder (and its protocol role)."""
+    role = {"role": spec.role} if spec.role else {}
+    return {"identity": spec.identity, TRIAL_DIR: spec.out_dir, **role}
+
+
 @dataclass
 class Pending:
     """A trial to run with known params; `existing` is the study trial a killed driver left
