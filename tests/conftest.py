@@ -182,8 +182,16 @@ KILLABLE = [*CARD, "train.max_tokens=8192", "train.eval_every=16", "train.probe_
 DIVERGES = ["optim.lr=1e12", "optim.grad_clip=null", "optim.warmup_frac=0", "train.max_tokens=4096"]
 
 
+def _key(override: str) -> str:
+    return override.split("=", 1)[0].lstrip("+~")
+
+
 def sweep(tmp_path, data_cache, *args, env=None, timeout=600):
-    return run_cli(["-m", *TINY_SWEEP, *args], cwd=tmp_path, timeout=timeout,
+    """`sweep.py -m` on the tiny defaults, where a key the test gives replaces the default's
+    (as the Makefile's ARGS do): the sweep refuses a swept key given twice."""
+    given = {_key(a) for a in args}
+    defaults = [d for d in TINY_SWEEP if _key(d) not in given]
+    return run_cli(["-m", *defaults, *args], cwd=tmp_path, timeout=timeout,
                    env={"SMALLINIT_CACHE": str(data_cache), "WANDB_API_KEY": "", **(env or {})})
 
 
