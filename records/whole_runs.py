@@ -1,23 +1,28 @@
-"""The recipe's lead from whole runs under each schedule, and how much of it the schedule makes:
-per budget, the lead under cosine (whole cosine runs), the lead under WSD (a per-budget WSD record:
-its cooldown branch at a budget below its largest is the same schedule, step for step, as a whole
-WSD run of that budget) and their difference per seed, the schedule x arm interaction.
+"""The recipe's lead from whole runs under each schedule, and what makes it: per budget, the lead
+in every sweep that trained both arms (each at the lr its own sweep chose), the schedule x arm
+interaction for every (WSD, cosine) pair of those, what differs between two sweeps of one schedule
+(at 4M, the crossover record's cooldown branch against a whole WSD run: what a branch costs each
+arm), and the lead at a shared lr (a sweep of the recipe at the lr the baseline chose).
 
-    python -m records.whole_runs --wsd sweeps/crossover \\
-        --cosine ~/records/whole_cosine_4m [~/records/whole_cosine_8m] --out docs/results/crossover_whole
+    python -m records.whole_runs sweeps/crossover ~/records/whole_wsd_4m ~/records/whole_cosine_4m \\
+        --shared ~/records/shared_cosine_4m ~/records/shared_wsd_4m --out docs/results/crossover_whole
 
-Every arm is at the lr its own sweep chose for that budget; runs are paired by seed. A budget is
-read once its cosine sweep holds every confirm seed of both arms; until then it is listed as
-waiting. The p-values are two-sided paired t-tests, Holm-adjusted over every comparison the record
-holds (docs/results/crossover_whole/README.md, "How it is read", fixed before the first read).
-Writes `summary.json` (the comparisons, the reader's provenance and the trials') and `lead.md`.
+Each sweep's schedule is read from its results table (config/optim.schedule); a per-budget WSD
+sweep's cooldown branch at a budget below its largest is the same schedule, step for step, as a
+whole WSD run of that budget. Every comparison is a − b paired by seed over the confirm seeds
+(--seeds, 1-6); a budget a sweep does not yet hold for every seed is listed as waiting. The
+p-values are two-sided paired t-tests, Holm-adjusted over every comparison the record holds
+(docs/results/crossover_whole/README.md, "How it is read", fixed before the first read). Writes
+`summary.json` (the comparisons, the reader's provenance and the trials') and `lead.md`.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -29,56 +34,150 @@ from smallinit.core.trial_dir import TrialDir
 from smallinit.experiments.report.report import write_results_tables
 from smallinit.experiments.stats.paired import holm, signflip_p, t_interval, t_pvalues
 
-from .wsd_check import LOSS, _complete, pair
+from .wsd_check import ARM, LOSS, _complete
 
 ALPHA = 0.05
-# name: (what it is, the words for a negative and a positive mean)
+SCHEDULE = "config/optim.schedule"
+SCHEDULE_NAMES = {"wsd": "WSD"}
+# What must be the same in two sweeps for their runs to pair: the model and the data, and per arm its recipe.
+SAME = ("d_model", "n_layers", "corpus_tokens", "config/train.batch_size", "config/train.seq_len")
+SAME_PER_ARM = ("gamma", "eps", "gate", "norm")
+# kind: (what it is, the words for a negative and a positive mean)
 KINDS = {
-    "lead_cosine": ("lead under cosine: {r} − {b}, whole cosine runs", "recipe ahead", "baseline ahead"),
-    "lead_wsd": ("lead under WSD: {r} − {b}, the WSD record", "recipe ahead", "baseline ahead"),
-    "interaction": ("schedule x arm: lead under WSD − lead under cosine", "larger under WSD", "larger under cosine"),
+    "lead": ("lead under {schedule}: {a} − {b} ({source})", "recipe ahead", "baseline ahead"),
+    "interaction": ("schedule x arm: lead under WSD ({a}) − lead under cosine ({b})", "larger under WSD", "larger under cosine"),
+    "sweeps_differ": ("{arm} under {schedule}: {a} − {b}", "lower in {a}", "lower in {b}"),
+    "lead_shared_lr": ("lead under {schedule} at the baseline's lr: {recipe} ({a}) − {baseline} ({b})",
+                       "recipe ahead", "baseline ahead"),
 }
 
 
-def comparisons(pairs: pd.DataFrame, confirm_seeds: dict[int, set[int]], baseline: str) -> tuple[list[dict], list[str]]:
-    """(one dict per comparison of the budgets whose cosine runs hold every confirm seed, one line
-    for each budget still waiting). `confirm_seeds`: {budget: the cosine sweep's confirm seeds}."""
-    out, waiting = [], []
-    recipe = next((a for a in sorted(pairs["param.arm"].unique()) if a != baseline), None)
-    for budget, want in sorted(confirm_seeds.items()):
-        g = pairs[pairs["budget"] == budget]
-        wide = {side: g.pivot(index="train_seed", columns="param.arm", values=f"{LOSS}_{side}")
-                for side in ("cosine", "wsd")}
-        seeds = sorted(int(s) for s in wide["cosine"].dropna().index)
-        if recipe is None or not want or not want <= set(seeds) or baseline not in wide["cosine"]:
-            waiting.append(f"{budget:,} tokens: {len(seeds)} of {len(want) or '?'} confirm seeds paired in both arms")
-            continue
-        seeds = sorted(want)
-        lead = {side: (w.loc[seeds, recipe] - w.loc[seeds, baseline]).to_numpy(float) for side, w in wide.items()}
-        lrs = {side: {arm: sorted({float(x) for x in g.loc[g["param.arm"] == arm, f"lr_{side}"]}) for arm in (baseline, recipe)}
-               for side in ("cosine", "wsd")}
-        arm_means = {side: {arm: float(w.loc[seeds, arm].mean()) for arm in (baseline, recipe)} for side, w in wide.items()}
-        for name, d, side in (("lead_cosine", lead["cosine"], "cosine"), ("lead_wsd", lead["wsd"], "wsd"),
-                              ("interaction", lead["wsd"] - lead["cosine"], None)):
-            mean, lo, hi = t_interval(d)
-            out.append(dict(budget_tokens=int(budget), comparison=name, recipe=recipe, baseline=baseline,
-                            seeds=seeds, diffs=[float(x) for x in d], mean=mean, lo=lo, hi=hi,
-                            p_two=min(1.0, 2 * min(t_pvalues(d))), p_signflip=signflip_p(d), lrs=lrs,
-                            arm_means=arm_means[side] if side else None))
+@dataclass
+class Sweep:
+    name: str
+    schedule: str
+    runs: pd.DataFrame  # complete confirm runs: budget, train_seed, param.arm, lr, final_val_loss, ...
+
+    def at(self, budget: int, arm: str, seeds: list[int]) -> pd.DataFrame | None:
+        """This arm's runs at `budget`, one per seed in `seeds` order, or None where a seed is missing."""
+        g = self.runs[(self.runs["budget"] == budget) & (self.runs[ARM] == arm)].drop_duplicates("train_seed")
+        g = g.set_index("train_seed")
+        return g.loc[seeds] if set(seeds) <= set(g.index) else None
+
+    def holds(self, budget: int) -> bool:
+        return bool((self.runs["budget"] == budget).any())
+
+
+def load(path: Path) -> Sweep:
+    runs = _complete(path)
+    budget = (runs["budget_tokens"] if "budget_tokens" in runs else runs["tokens"]).fillna(runs["tokens"])
+    runs = runs.assign(budget=budget.astype(int), train_seed=runs["train_seed"].astype(int))
+    table = pd.read_parquet(results_path(path), columns=[SCHEDULE]) if SCHEDULE in runs else pd.DataFrame()
+    schedules = sorted(set(table[SCHEDULE].dropna())) if SCHEDULE in table else []
+    if len(schedules) != 1:
+        raise SystemExit(f"error: {path} holds runs of schedules {schedules or 'unknown'}: a sweep read here has one schedule")
+    return Sweep(path.name, SCHEDULE_NAMES.get(schedules[0], schedules[0]), runs)
+
+
+def check_same(sweeps: list[Sweep]) -> None:
+    """One line naming the sweeps and the column where two sweeps trained different models or data."""
+    for col in SAME:
+        values = {s.name: sorted(set(s.runs[col].astype(str))) for s in sweeps if col in s.runs and len(s.runs)}
+        if len({tuple(v) for v in values.values()}) > 1:
+            raise SystemExit(f"error: the sweeps differ in {col} ({values}): their runs do not pair")
+    for col in SAME_PER_ARM:
+        for arm in set().union(*(set(s.runs[ARM]) for s in sweeps)):
+            values = {s.name: sorted(set(s.runs.loc[s.runs[ARM] == arm, col].astype(str)))
+                      for s in sweeps if col in s.runs and (s.runs[ARM] == arm).any()}
+            if len({tuple(v) for v in values.values()}) > 1:
+                raise SystemExit(f"error: arm {arm} differs in {col} across the sweeps ({values}): their runs do not pair")
+
+
+def _side(label: str, runs: pd.DataFrame) -> dict:
+    return {"label": label, "lrs": sorted({float(x) for x in runs["lr"]}), "mean": float(runs[LOSS].mean())}
+
+
+def _row(kind: str, budget: int, seeds: list[int], diffs, a: dict, b: dict, **words) -> dict:
+    mean, lo, hi = t_interval(diffs)
+    return dict(budget_tokens=int(budget), comparison=kind, what=KINDS[kind][0].format(a=a["label"], b=b["label"], **words),
+                words=[w.format(a=a["label"], b=b["label"]) for w in KINDS[kind][1:]], a=a, b=b, seeds=seeds,
+                diffs=[float(x) for x in diffs], mean=mean, lo=lo, hi=hi, p_two=min(1.0, 2 * min(t_pvalues(diffs))),
+                p_signflip=signflip_p(diffs))
+
+
+def comparisons(sweeps: list[Sweep], shared: list[Sweep], seeds: list[int], baseline: str,
+                recipe: str) -> tuple[list[dict], list[str]]:
+    """(every comparison the sweeps hold for all `seeds` at each budget a cosine sweep trained, one
+    line per sweep and budget still waiting)."""
+    out = []
+    waiting = [f"{s.name}: no complete confirm run yet" for s in [*sweeps, *shared] if s.runs.empty]
+    # The rule reads the budgets that whole cosine runs were trained for; a per-budget WSD record's others are not asked.
+    budgets = sorted(set().union(*(set(s.runs["budget"]) for s in sweeps if s.schedule == "cosine")))
+    for budget in budgets:
+        leads: dict[str, tuple[Sweep, object]] = {}
+        for s in sweeps:
+            if not s.holds(budget):
+                continue
+            b, r = s.at(budget, baseline, seeds), s.at(budget, recipe, seeds)
+            if b is None or r is None:
+                waiting.append(f"{budget:,} tokens: {s.name} holds {_count(s, budget, seeds)} of {len(seeds)} seeds in both arms")
+                continue
+            d = r[LOSS].to_numpy(float) - b[LOSS].to_numpy(float)
+            leads[s.name] = (s, d)
+            out.append(_row("lead", budget, seeds, d, _side(recipe, r), _side(baseline, b), schedule=s.schedule, source=s.name))
+        for (w, dw), (c, dc) in itertools.product(leads.values(), leads.values()):
+            if w.schedule == "WSD" and c.schedule == "cosine":
+                out.append(_row("interaction", budget, seeds, dw - dc, {"label": w.name, "mean": float(dw.mean())},
+                                {"label": c.name, "mean": float(dc.mean())}))
+        for (s1, _), (s2, _) in itertools.combinations(leads.values(), 2):
+            if s1.schedule == s2.schedule:
+                for arm in (baseline, recipe):
+                    x, y = s1.at(budget, arm, seeds), s2.at(budget, arm, seeds)
+                    out.append(_row("sweeps_differ", budget, seeds, x[LOSS].to_numpy(float) - y[LOSS].to_numpy(float),
+                                    _side(s1.name, x), _side(s2.name, y), arm=arm, schedule=s1.schedule))
+        for h in shared:
+            if h.holds(budget):
+                out.extend(_shared_lead(h, [s for s, _ in leads.values()], budget, seeds, baseline, recipe, waiting))
     return out, waiting
+
+
+def _count(s: Sweep, budget: int, seeds: list[int]) -> int:
+    g = s.runs[s.runs["budget"] == budget]
+    per_arm = [set(g.loc[g[ARM] == arm, "train_seed"]) & set(seeds) for arm in set(g[ARM])]
+    return len(set.intersection(*per_arm)) if per_arm else 0
+
+
+def _shared_lead(h: Sweep, sweeps: list[Sweep], budget: int, seeds: list[int], baseline: str, recipe: str,
+                 waiting: list[str]) -> list[dict]:
+    """The recipe at one lr (sweep h) against the baseline of each complete sweep of h's schedule
+    whose baseline chose that lr."""
+    r = h.at(budget, recipe, seeds)
+    if r is None:
+        waiting.append(f"{budget:,} tokens: {h.name} holds {_count(h, budget, seeds)} of {len(seeds)} seeds")
+        return []
+    rows = []
+    for s in sweeps:
+        b = s.at(budget, baseline, seeds)
+        if s.schedule == h.schedule and set(b["lr"]) == set(r["lr"]):
+            rows.append(_row("lead_shared_lr", budget, seeds, r[LOSS].to_numpy(float) - b[LOSS].to_numpy(float),
+                             _side(h.name, r), _side(s.name, b), schedule=s.schedule, recipe=recipe, baseline=baseline))
+    if not rows:
+        waiting.append(f"{budget:,} tokens: {h.name} (lr {sorted(set(r['lr']))}) has no complete {h.schedule} sweep "
+                       "whose baseline chose its lr")
+    return rows
 
 
 def judge(rows: list[dict]) -> None:
     """Holm over the family; each row's verdict and the effects its interval excludes."""
     for row, adjusted in zip(rows, holm([r["p_two"] for r in rows])):
         row["p_holm"] = adjusted
-        below, above = KINDS[row["comparison"]][1:]
+        below, above = row["words"]
         if row["lo"] > 0 or row["hi"] < 0:
             word = below if row["hi"] < 0 else above
             row["verdict"] = word if adjusted <= ALPHA else f"inconclusive ({word} before Holm)"
         else:
             row["verdict"] = "inconclusive"
-        row["excludes"] = (f"below {row['lo']:+.4f} and above {row['hi']:+.4f}")
+        row["excludes"] = f"below {row['lo']:+.4f} and above {row['hi']:+.4f}"
 
 
 def trials_made_by(sweeps: list[Path], frames: list[pd.DataFrame]) -> dict:
@@ -97,55 +196,57 @@ def trials_made_by(sweeps: list[Path], frames: list[pd.DataFrame]) -> dict:
     return {k: sorted(str(x) for x in v) for k, v in seen.items()}
 
 
-def markdown(rows: list[dict], waiting: list[str], sources: dict) -> str:
-    header = ["budget [tokens]", "comparison", "lrs (baseline, recipe)", "loss (baseline, recipe)", "mean",
-              "95% interval", "t p", "Holm p", "sign-flip p", "verdict"]
-    body = []
-    for r in rows:
-        lrs = "" if r["comparison"] == "interaction" else "; ".join(
-            f"{', '.join(f'{x:g}' for x in r['lrs'][side][r['baseline']])}, {', '.join(f'{x:g}' for x in r['lrs'][side][r['recipe']])}"
-            for side in (("cosine",) if r["comparison"] == "lead_cosine" else ("wsd",)))
-        losses = ", ".join(f"{r['arm_means'][a]:.4f}" for a in (r["baseline"], r["recipe"])) if r["arm_means"] else ""
-        body.append([f"{r['budget_tokens']:,}", KINDS[r["comparison"]][0].format(r=r["recipe"], b=r["baseline"]), lrs,
-                     losses, f"{r['mean']:+.4f}", f"[{r['lo']:+.4f}, {r['hi']:+.4f}]", f"{r['p_two']:.3g}", f"{r['p_holm']:.3g}",
-                     f"{r['p_signflip']:.3g}", r["verdict"]])
-    text = (f"The recipe's lead per schedule from whole runs (`python -m records.whole_runs "
-            f"--wsd {sources['wsd']} --cosine {' '.join(sources['cosine'])}`): final validation loss, nats/token, "
-            f"paired by seed; Holm over the {len(rows)} comparisons below.\n\n")
+def _describe(side: dict) -> str:
+    lrs = f" at {', '.join(f'{x:g}' for x in side['lrs'])}" if side.get("lrs") else ""
+    return f"{side['label']}{lrs}: {side['mean']:.4f}"
+
+
+def markdown(rows: list[dict], waiting: list[str], command: str) -> str:
+    header = ["budget [tokens]", "comparison (a − b)", "a", "b", "mean", "95% interval", "t p", "Holm p",
+              "sign-flip p", "verdict"]
+    body = [[f"{r['budget_tokens']:,}", r["what"], _describe(r["a"]), _describe(r["b"]), f"{r['mean']:+.4f}",
+             f"[{r['lo']:+.4f}, {r['hi']:+.4f}]", f"{r['p_two']:.3g}", f"{r['p_holm']:.3g}", f"{r['p_signflip']:.3g}",
+             r["verdict"]] for r in rows]
+    text = (f"The recipe's lead per schedule from whole runs (`{command}`): final validation loss, nats/token, "
+            f"a − b paired by seed (columns a and b: each side's mean loss, or for an interaction each side's mean "
+            f"lead); Holm over the {len(rows)} comparisons below.\n\n")
     text += md_table(header, body) if body else "No budget has all its confirm seeds yet."
     if waiting:
         text += "\n\nWaiting: " + "; ".join(waiting) + "."
     return text
 
 
+def _seeds(text: str) -> list[int]:
+    lo, _, hi = text.partition("-")
+    return list(range(int(lo), int(hi) + 1)) if hi else [int(x) for x in text.split(",")]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--wsd", type=Path, required=True, help="the per-budget WSD record's sweep (train.budgets)")
-    ap.add_argument("--cosine", type=Path, nargs="+", required=True, help="sweeps of whole cosine runs, one budget each")
+    ap.add_argument("sweeps", type=Path, nargs="+", help="sweeps of both arms, each arm at its chosen lr, any schedule")
+    ap.add_argument("--shared", type=Path, nargs="*", default=[], help="sweeps of the recipe alone at the baseline's chosen lr")
+    ap.add_argument("--seeds", default="1-6", help="the confirm seeds every comparison pairs over: 1-6 or 1,2,3")
     ap.add_argument("--baseline", default="baseline", help="the baseline arm's name (param.arm)")
+    ap.add_argument("--recipe", default="small", help="the recipe arm's name (param.arm)")
     ap.add_argument("--out", type=Path, help="write summary.json and lead.md into this folder")
     args = ap.parse_args(argv)
-    wsd = _complete(args.wsd)
-    cosine = [_complete(s) for s in args.cosine]
-    pairs = pd.concat([pair(wsd, c) for c in cosine], ignore_index=True)
-    confirm = {}
-    for sweep, c in zip(args.cosine, cosine):
-        seeds = set(json.loads((sweep / "protocol.json").read_text()).get("confirm_seeds") or [])
-        for b in set(c["budget_tokens"].fillna(c["tokens"]).astype(int)):
-            confirm[int(b)] = seeds
-    rows, waiting = comparisons(pairs, confirm, args.baseline)
+    paths = [*args.sweeps, *args.shared]
+    sweeps, shared = [load(p) for p in args.sweeps], [load(p) for p in args.shared]
+    check_same([*sweeps, *shared])
+    rows, waiting = comparisons(sweeps, shared, _seeds(args.seeds), args.baseline, args.recipe)
     judge(rows)
-    sources = {"wsd": args.wsd.name, "cosine": [s.name for s in args.cosine]}
-    text = markdown(rows, waiting, sources)
+    command = (f"python -m records.whole_runs {' '.join(p.name for p in args.sweeps)}"
+               + (f" --shared {' '.join(p.name for p in args.shared)}" if args.shared else ""))
+    text = markdown(rows, waiting, command)
     print(text)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
-        sweeps = [args.wsd, *args.cosine]
-        tables = write_results_tables(sweeps, args.out)  # the tables read, kept beside the record as CSV
-        block = {**provenance.record(), "results_sha256": {d.name: provenance.file_sha256(results_path(d)) for d in sweeps},
+        tables = write_results_tables(paths, args.out)  # the tables read, kept beside the record as CSV
+        block = {**provenance.record(), "results_sha256": {d.name: provenance.file_sha256(results_path(d)) for d in paths},
                  "results_tables": tables}
-        summary = {"provenance": block, "trials_made_by": trials_made_by([args.wsd, *args.cosine], [wsd, *cosine]),
-                   "sources": sources, "alpha": ALPHA, "comparisons": rows, "waiting": waiting}
+        summary = {"provenance": block, "trials_made_by": trials_made_by(paths, [s.runs for s in [*sweeps, *shared]]),
+                   "sources": {s.name: s.schedule for s in [*sweeps, *shared]}, "seeds": _seeds(args.seeds),
+                   "alpha": ALPHA, "comparisons": rows, "waiting": waiting}
         (args.out / "summary.json").write_text(json.dumps(summary, indent=1, default=float) + "\n")
         (args.out / "lead.md").write_text(text + "\n")
     return 0

@@ -33,8 +33,11 @@ def _complete(sweep: Path) -> pd.DataFrame:
     if not path.is_file():
         raise SystemExit(f"error: {path} is missing: run that sweep's command first")
     df = pd.read_parquet(path)
+    df = df.assign(**{LOSS: pd.to_numeric(df[LOSS], errors="coerce")})  # all empty while a sweep's first trials run
     df = df[(df["state"] == "COMPLETE") & np.isfinite(df[LOSS])]
-    df = df[df["role"] == "confirm"] if "role" in df and (df["role"] == "confirm").any() else df
+    # A select-then-confirm sweep compares its confirm runs only, none until its confirm round has run.
+    if "role" in df and ((sweep / "protocol.json").is_file() or (df["role"] == "confirm").any()):
+        df = df[df["role"] == "confirm"]
     return at_budget_choice(df, sweep)
 
 

@@ -1,50 +1,94 @@
-"""The whole-run lead reader: per budget, each schedule's lead paired by seed, their difference,
-Holm over the family, and budgets without every confirm seed left waiting."""
+"""The whole-run lead reader: per budget, each sweep's lead paired by seed, the schedule x arm
+interaction, what differs between two sweeps of one schedule, the lead at a shared lr, Holm over
+the family, and a sweep without every seed left waiting."""
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from records.whole_runs import comparisons, judge, markdown
+from records.whole_runs import Sweep, check_same, comparisons, judge, markdown
 from smallinit.experiments.stats.paired import holm
 
+B = 4194304
+SEEDS = list(range(1, 7))
 
-def _pairs(budget, seeds, lead_cos, lead_wsd, noise=0.0):
-    rng = np.random.default_rng(0)
-    rows = []
-    for s in seeds:
-        for arm, c, w in (("baseline", 4.5, 4.4), ("small", 4.5 + lead_cos, 4.4 + lead_wsd)):
-            rows.append({"budget": budget, "train_seed": s, "param.arm": arm, "lr_cosine": 4e-3 if arm == "baseline" else 2e-3,
-                         "lr_wsd": 2e-3, "final_val_loss_cosine": c + noise * rng.normal(),
-                         "final_val_loss_wsd": w + noise * rng.normal()})
-    return pd.DataFrame(rows)
+
+def _sweep(name, schedule, losses: dict[str, float], lrs: dict[str, float], seeds=SEEDS, noise=0.0, rng_seed=0,
+           budget=B) -> Sweep:
+    rng = np.random.default_rng(rng_seed)
+    rows = [{"budget": budget, "train_seed": s, "param.arm": arm, "lr": lrs[arm], "d_model": 128,
+             "final_val_loss": loss + noise * rng.normal()} for s in seeds for arm, loss in losses.items()]
+    return Sweep(name, schedule, pd.DataFrame(rows))
+
+
+def _read(sweeps, shared=()):
+    rows, waiting = comparisons(list(sweeps), list(shared), SEEDS, "baseline", "small")
+    judge(rows)
+    return rows, waiting
 
 
 def test_each_schedules_lead_and_their_difference_are_paired_by_seed():
-    pairs = _pairs(4194304, range(1, 7), lead_cos=-0.01, lead_wsd=-0.08, noise=0.01)
-    rows, waiting = comparisons(pairs, {4194304: set(range(1, 7))}, "baseline")
-    judge(rows)
-    got = {r["comparison"]: r for r in rows}
-    assert waiting == [] and set(got) == {"lead_cosine", "lead_wsd", "interaction"}
-    assert np.allclose(got["interaction"]["diffs"], np.subtract(got["lead_wsd"]["diffs"], got["lead_cosine"]["diffs"]))
-    assert got["lead_wsd"]["mean"] == pytest.approx(-0.08, abs=0.02)
+    wsd = _sweep("xwsd", "WSD", {"baseline": 4.4, "small": 4.32}, {"baseline": 2e-3, "small": 5e-4}, noise=0.01)
+    cos = _sweep("xcos", "cosine", {"baseline": 4.5, "small": 4.49}, {"baseline": 4e-3, "small": 2e-3}, noise=0.01, rng_seed=1)
+    rows, waiting = _read([wsd, cos])
+    assert waiting == [] and [r["comparison"] for r in rows] == ["lead", "lead", "interaction"]
+    leads = {r["what"]: r for r in rows if r["comparison"] == "lead"}
+    lead_wsd, lead_cos = leads["lead under WSD: small − baseline (xwsd)"], leads["lead under cosine: small − baseline (xcos)"]
+    inter = rows[2]
+    assert np.allclose(inter["diffs"], np.subtract(lead_wsd["diffs"], lead_cos["diffs"]))
+    assert lead_wsd["mean"] == pytest.approx(-0.08, abs=0.02)
     assert [r["p_holm"] for r in rows] == holm([r["p_two"] for r in rows])
-    assert got["lead_wsd"]["verdict"] == "recipe ahead" and got["interaction"]["verdict"] == "larger under WSD"
-    assert got["lead_cosine"]["lrs"]["cosine"] == {"baseline": [4e-3], "small": [2e-3]}
-    assert got["lead_wsd"]["arm_means"]["small"] - got["lead_wsd"]["arm_means"]["baseline"] == pytest.approx(got["lead_wsd"]["mean"])
-    assert "lead under WSD" in markdown(rows, waiting, {"wsd": "crossover", "cosine": ["whole_cosine_4m"]})
+    assert lead_wsd["verdict"] == "recipe ahead" and inter["verdict"] == "larger under WSD"
+    assert lead_cos["a"]["lrs"] == [2e-3] and lead_cos["b"]["lrs"] == [4e-3]
+    assert lead_wsd["a"]["mean"] - lead_wsd["b"]["mean"] == pytest.approx(lead_wsd["mean"])
+    assert "lead under WSD" in markdown(rows, waiting, "python -m records.whole_runs xwsd xcos")
+
+
+def test_two_sweeps_of_one_schedule_are_compared_arm_by_arm():
+    branch = _sweep("crossover", "WSD", {"baseline": 4.38, "small": 4.30}, {"baseline": 2e-3, "small": 5e-4})
+    whole = _sweep("whole_wsd", "WSD", {"baseline": 4.37, "small": 4.30}, {"baseline": 2e-3, "small": 5e-4}, noise=0.001)
+    cos = _sweep("cos", "cosine", {"baseline": 4.42, "small": 4.42}, {"baseline": 4e-3, "small": 2e-3}, noise=0.01)
+    rows, _ = _read([branch, whole, cos])
+    kinds = [r["comparison"] for r in rows]
+    assert kinds.count("lead") == 3 and kinds.count("interaction") == 2 and kinds.count("sweeps_differ") == 2
+    differ = {r["what"]: r for r in rows if r["comparison"] == "sweeps_differ"}
+    base = differ["baseline under WSD: crossover − whole_wsd"]
+    assert base["mean"] == pytest.approx(0.01, abs=0.002) and base["verdict"] == "lower in whole_wsd"
+
+
+def test_the_shared_lr_lead_pairs_the_recipe_with_the_baseline_that_chose_its_lr():
+    cos = _sweep("cos", "cosine", {"baseline": 4.42, "small": 4.42}, {"baseline": 4e-3, "small": 2e-3}, noise=0.01)
+    shared = _sweep("shared_cos", "cosine", {"small": 4.47}, {"small": 4e-3}, noise=0.01, rng_seed=3)
+    other_lr = _sweep("shared_other", "cosine", {"small": 4.47}, {"small": 8e-3})
+    rows, waiting = _read([cos], [shared, other_lr])
+    shared_rows = [r for r in rows if r["comparison"] == "lead_shared_lr"]
+    assert len(shared_rows) == 1
+    r = shared_rows[0]
+    assert r["a"]["label"] == "shared_cos" and r["b"]["label"] == "cos" and r["b"]["lrs"] == [4e-3]
+    assert r["mean"] == pytest.approx(0.05, abs=0.03) and r["verdict"] == "baseline ahead"
+    assert waiting == [f"{B:,} tokens: shared_other (lr [0.008]) has no complete cosine sweep whose baseline chose its lr"]
 
 
 def test_an_interval_holding_zero_is_inconclusive_with_what_it_excludes():
-    pairs = _pairs(4194304, range(1, 7), lead_cos=0.0, lead_wsd=0.0, noise=0.05)
-    rows, _ = comparisons(pairs, {4194304: set(range(1, 7))}, "baseline")
-    judge(rows)
+    wsd = _sweep("w", "WSD", {"baseline": 4.4, "small": 4.4}, {"baseline": 2e-3, "small": 2e-3}, noise=0.05)
+    cos = _sweep("c", "cosine", {"baseline": 4.5, "small": 4.5}, {"baseline": 2e-3, "small": 2e-3}, noise=0.05, rng_seed=2)
+    rows, _ = _read([wsd, cos])
     for r in rows:
         assert r["lo"] < 0 < r["hi"] and r["verdict"] == "inconclusive"
         assert r["excludes"] == f"below {r['lo']:+.4f} and above {r['hi']:+.4f}"
 
 
-def test_a_budget_missing_a_confirm_seed_waits_and_is_not_read():
-    pairs = _pairs(4194304, range(1, 5), lead_cos=-0.01, lead_wsd=-0.08)
-    rows, waiting = comparisons(pairs, {4194304: set(range(1, 7))}, "baseline")
-    assert rows == [] and waiting == ["4,194,304 tokens: 4 of 6 confirm seeds paired in both arms"]
+def test_a_sweep_missing_a_seed_waits_and_budgets_no_cosine_sweep_trained_are_not_asked():
+    cos = _sweep("c", "cosine", {"baseline": 4.5, "small": 4.49}, {"baseline": 4e-3, "small": 2e-3}, seeds=range(1, 5))
+    wsd_elsewhere = _sweep("w", "WSD", {"baseline": 4.4, "small": 4.3}, {"baseline": 2e-3, "small": 5e-4}, budget=2 * B)
+    started = Sweep("c8", "cosine", cos.runs.iloc[:0])
+    rows, waiting = _read([cos, wsd_elsewhere, started])
+    assert rows == [] and waiting == ["c8: no complete confirm run yet", f"{B:,} tokens: c holds 4 of 6 seeds in both arms"]
+
+
+def test_sweeps_of_different_models_are_refused_in_one_line():
+    a = _sweep("a", "cosine", {"baseline": 4.5, "small": 4.49}, {"baseline": 4e-3, "small": 2e-3})
+    b = _sweep("b", "WSD", {"baseline": 4.5, "small": 4.49}, {"baseline": 4e-3, "small": 2e-3})
+    b.runs["d_model"] = 256
+    with pytest.raises(SystemExit, match=r"^error: the sweeps differ in d_model \(\{'a': \['128'\], 'b': \['256'\]\}\)"):
+        check_same([a, b])
