@@ -181,18 +181,21 @@ def judge(rows: list[dict]) -> None:
 
 
 def trials_made_by(sweeps: list[Path], frames: list[pd.DataFrame]) -> dict:
-    """What made the trials read: their commits, dtypes, compile choices' kind and machines."""
+    """What made each sweep's trials read: their commits, dtypes, torch and machines."""
+    return {sweep.name: _made_by(sweep, df) for sweep, df in zip(sweeps, frames)}
+
+
+def _made_by(sweep: Path, df: pd.DataFrame) -> dict:
     seen: dict[str, set] = {"commits": set(), "dirty": set(), "dtypes": set(), "machines": set(), "torch": set()}
-    for sweep, df in zip(sweeps, frames):
-        for rel in sorted(set(df["trial_dir"])):
-            made = (TrialDir(sweep / rel).read_result() or {}).get("made_by") or {}
-            m = made.get("machine") or {}
-            seen["commits"].add(made.get("commit"))
-            seen["dirty"].add(made.get("dirty"))
-            seen["dtypes"].add(made.get("dtype"))
-            seen["torch"].add((made.get("packages") or {}).get("torch"))
-            seen["machines"].add(f"{m.get('cpu_model')} ({m.get('cpu_count')} cores; "
-                                 f"{'AMX' if 'amx_bf16' in (m.get('cpu_flags') or []) else 'no AMX'})")
+    for rel in sorted(set(df["trial_dir"])) if not df.empty else []:
+        made = (TrialDir(sweep / rel).read_result() or {}).get("made_by") or {}
+        m = made.get("machine") or {}
+        seen["commits"].add(made.get("commit"))
+        seen["dirty"].add(made.get("dirty"))
+        seen["dtypes"].add(made.get("dtype"))
+        seen["torch"].add((made.get("packages") or {}).get("torch"))
+        seen["machines"].add(f"{m.get('cpu_model')} ({m.get('cpu_count')} cores; "
+                             f"{'AMX' if 'amx_bf16' in (m.get('cpu_flags') or []) else 'no AMX'})")
     return {k: sorted(str(x) for x in v) for k, v in seen.items()}
 
 
