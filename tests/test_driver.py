@@ -80,6 +80,30 @@ def test_a_stopped_sweep_exits_128_plus_the_signal_and_its_rerun_finishes_it(tmp
         assert all("resuming" in log for log in logs.values()), logs
 
 
+# TERM at any moment of the start: while Hydra composes, while the corpus is checked, while Ray
+# starts (ray.init sets SIGTERM to exit 15; a handler's exception raised inside a destructor is
+# dropped as "Exception ignored"), and as the first trials run. About 2 minutes: `make test-slow`.
+@pytest.mark.slow
+def test_term_at_1_3_5_7_s_after_start_exits_143_with_its_line_and_the_rerun_finishes(tmp_path, data_cache):
+    args = ["init.gamma=0.5,1.0", *SLOW]
+    for delay in (1, 3, 5, 7):
+        name = f"term{delay}"
+        driver = start(tmp_path, data_cache, *args, f"name={name}")
+        time.sleep(delay)
+        driver.send_signal(signal.SIGTERM)
+        out, err = driver.communicate(timeout=60)
+        assert driver.returncode == 143, (delay, err[-3000:])
+        assert "Traceback" not in err and "Exception ignored" not in err, (delay, err[-3000:])
+        assert err.strip().splitlines()[-1].startswith("stopped by SIGTERM"), (delay, err[-3000:])
+        sweep_dir = tmp_path / "sweeps" / name
+        assert not (sweep_dir / "driver.lock").exists()
+        if f"sweep {name}: grid" in out:  # planned: the table says where it stands
+            assert len(pd.read_parquet(sweep_dir / "results.parquet")) == 2, (delay, out + err)
+        again = sweep(tmp_path, data_cache, *args, f"name={name}")
+        assert again.returncode == 0, (delay, again.stderr[-3000:])
+        assert set(pd.read_parquet(sweep_dir / "results.parquet")["state"]) == {"COMPLETE"}
+
+
 @pytest.mark.slow
 def test_failed_trials_exit_1_with_each_reason_and_the_folders_it_hit(tmp_path, data_cache):
     """Two trials, both failing: too few for max_failure_rate's rule (>= 3 ended) to stop the

@@ -157,3 +157,28 @@ def test_a_driver_stopped_by_sigterm_prints_the_resume_line_and_exits_143(tmp_pa
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=30)
     assert (proc.returncode, out) == (143, "stopped by SIGTERM; rerun the same command to resume\n")
+
+
+def test_while_ray_starts_our_handlers_stay_and_other_signals_pass():
+    """ray.init sets SIGTERM to sys.exit(15): inside handlers_kept() that request is a no-op."""
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR2)}
+    real = signal.signal
+    try:
+        stop.install()
+        with stop.handlers_kept():
+            signal.signal(signal.SIGTERM, lambda *_: sys.exit(15))
+            signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+        assert signal.getsignal(signal.SIGTERM) is stop._on_signal
+        assert signal.getsignal(signal.SIGUSR2) == signal.SIG_IGN and signal.signal is real
+    finally:
+        for s, h in before.items():
+            signal.signal(s, h)
+
+
+def test_a_signal_whose_interrupt_was_dropped_still_stops_the_driver_at_its_next_step():
+    with pytest.raises(KeyboardInterrupt):
+        stop._on_signal(signal.SIGTERM, None)  # outside Tune: unwinds (a destructor would drop this)
+    with pytest.raises(KeyboardInterrupt):
+        stop.check()
+    with pytest.raises(KeyboardInterrupt), stop.tune_takes_stops():
+        pass

@@ -114,8 +114,15 @@ def _run(conf: SmallinitSweeperConf, loader, base: DictConfig, arguments: list[s
             print(plan.summary(), flush=True)
             trials.run(plan)
             study = plan.study
+    except KeyboardInterrupt:  # a stop signal outside Tune's loop: while Ray starts, or between rounds
+        if stop.received() is None:
+            raise
+        study = trials.study
     finally:
         trials.close()
+    if study is None:  # stopped before any plan: nothing was trained or claimed
+        print(stop.resume_line(), file=sys.stderr)
+        return []
     df = write_results(sweep_dir, study)
     sync = wandb_sync_line(sweep_dir)  # also after a stop or failures: what ran offline is complete
     if sync:
@@ -141,10 +148,12 @@ class _Trials:
         self.conf, self.ray_cfg, self.lock, self.most_workers = conf, ray_cfg, lock, most_workers
         self.start_line, self.first_trial = start_line, first_trial
         self.connected, self.started = False, False
+        self.study = None  # the last plan's study: what a stop outside Tune's loop records
         self.aborted: str | None = None
         self.failed = self.ended = 0
 
     def run(self, plan) -> None:
+        self.study = plan.study
         if not plan.has_work:
             return
         if not self.connected:
@@ -155,10 +164,12 @@ class _Trials:
                 print(speed_line(self.first_trial), flush=True)
             # Ray's start (~4 s, mostly waiting for its processes) overlaps Tune's imports (~1 s).
             ready = _Background(import_tune)
-            self.started, self.connected = connect_ray(self.ray_cfg), True
-            stop.install()  # ray.init set its own SIGTERM handler
+            with stop.handlers_kept():  # ray.init would set SIGTERM to exit 15
+                self.started, self.connected = connect_ray(self.ray_cfg), True
+            stop.check()
             resources.check_cluster(self.ray_cfg, self.most_workers)
             ready.result()
+        stop.check()
         outcome = run_trials(self.conf, self.ray_cfg, plan, lambda: self._record_without_ray(plan))
         self.aborted = self.aborted or outcome.aborted
         self.failed += outcome.failed

@@ -58,8 +58,8 @@ class _HideTuneStopLines(logging.Filter):
 
 
 def install() -> None:
-    """Route SIGINT and SIGTERM here. Call from the main thread at start, and again after
-    ray.init (which replaces the SIGTERM handler)."""
+    """Route SIGINT and SIGTERM here. Call from the main thread at start; ray.init runs inside
+    handlers_kept(), which keeps them."""
     if threading.current_thread() is not threading.main_thread():
         return
     os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"
@@ -69,6 +69,34 @@ def install() -> None:
             tune_log.addFilter(_HideTuneStopLines(starts))
     signal.signal(signal.SIGINT, _on_signal)
     signal.signal(signal.SIGTERM, _on_signal)
+
+
+@contextlib.contextmanager
+def handlers_kept():
+    """Keep this module's SIGINT/SIGTERM handlers while Ray starts: ray.init sets SIGTERM to
+    `sys.exit(15)`, and a TERM in the seconds before install() runs again would exit 15 with no
+    table. Other signals pass to signal.signal as asked."""
+    real = signal.signal
+
+    def keep(signum, handler):
+        if signum in (signal.SIGINT, signal.SIGTERM) and signal.getsignal(signum) is _on_signal:
+            return _on_signal
+        return real(signum, handler)
+
+    signal.signal = keep
+    try:
+        yield
+    finally:
+        signal.signal = real
+
+
+def check() -> None:
+    """Unwind now if a stop signal came and did not unwind the driver. A handler's exception
+    raised while Python runs a destructor or a weakref callback (SQLAlchemy's, Ray's) is printed
+    as "Exception ignored" and dropped; the signal is still recorded, so the driver calls this
+    between its steps and no signal is lost."""
+    if _received is not None and not _in_tune:
+        raise KeyboardInterrupt
 
 
 def received() -> int | None:
@@ -97,6 +125,7 @@ def tune_takes_stops(record: Callable[[], None] | None = None, ray_lost: Callabl
     and the driver exits at once. Without any signal, a cluster that stops answering
     (cluster_gone() says why) is recorded the same way and the driver exits 1."""
     global _in_tune, _without_ray
+    check()  # a signal before Tune's loop: Tune would not see it
     _in_tune, _without_ray = True, (record, ray_lost) if record and ray_lost else None
     if record and cluster_gone:
         threading.Thread(target=_finish_if_the_cluster_is_gone, args=(record, cluster_gone), daemon=True).start()
