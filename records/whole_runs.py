@@ -68,8 +68,16 @@ class Sweep:
         return bool((self.runs["budget"] == budget).any())
 
 
-def load(path: Path) -> Sweep:
+def load(path: Path, arm: str | None = None) -> Sweep:
+    """A sweep's complete confirm runs. `arm` names the one arm a sweep trained where it did not sweep
+    one (the shared-lr sweeps fix `arm=small`, so their table has no param.arm); check_same then holds
+    its γ, eps, gate and norm to that arm's in the other sweeps."""
     runs = _complete(path)
+    if arm is not None:
+        if ARM in runs and set(runs[ARM].astype(str)) - {arm}:
+            raise SystemExit(f"error: {path} holds arms {sorted(set(runs[ARM].astype(str)))}: a --shared sweep trains "
+                             f"the recipe ({arm}) alone")
+        runs = runs.assign(**{ARM: arm})
     budget = (runs["budget_tokens"] if "budget_tokens" in runs else runs["tokens"]).fillna(runs["tokens"])
     runs = runs.assign(budget=budget.astype(int), train_seed=runs["train_seed"].astype(int))
     table = pd.read_parquet(results_path(path), columns=[SCHEDULE]) if SCHEDULE in runs else pd.DataFrame()
@@ -234,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, help="write summary.json and lead.md into this folder")
     args = ap.parse_args(argv)
     paths = [*args.sweeps, *args.shared]
-    sweeps, shared = [load(p) for p in args.sweeps], [load(p) for p in args.shared]
+    sweeps, shared = [load(p) for p in args.sweeps], [load(p, arm=args.recipe) for p in args.shared]
     check_same([*sweeps, *shared])
     rows, waiting = comparisons(sweeps, shared, _seeds(args.seeds), args.baseline, args.recipe)
     judge(rows)

@@ -92,3 +92,24 @@ def test_sweeps_of_different_models_are_refused_in_one_line():
     b.runs["d_model"] = 256
     with pytest.raises(SystemExit, match=r"^error: the sweeps differ in d_model \(\{'a': \['128'\], 'b': \['256'\]\}\)"):
         check_same([a, b])
+
+
+
+def test_a_shared_sweep_without_an_arm_column_is_the_recipe_and_must_match_its_recipe(tmp_path):
+    from records.whole_runs import load
+    cos = _sweep("cos", "cosine", {"baseline": 4.5, "small": 4.49}, {"baseline": 4e-3, "small": 2e-3})
+    cos.runs = cos.runs.assign(gamma=cos.runs["param.arm"].map({"baseline": 0.5, "small": 1.0}))
+
+    def shared(gamma: float) -> Sweep:  # a results table as a sweep with `arm=small` fixed writes it: no param.arm
+        (tmp_path / "shared").mkdir(exist_ok=True)
+        pd.DataFrame([{"state": "COMPLETE", "tokens": B, "train_seed": s, "lr": 4e-3, "d_model": 128, "gamma": gamma,
+                       "final_val_loss": 4.47, "config/optim.schedule": "cosine"} for s in SEEDS]
+                     ).to_parquet(tmp_path / "shared" / "results.parquet")
+        return load(tmp_path / "shared", arm="small")
+
+    assert set(shared(1.0).runs["param.arm"]) == {"small"}
+    check_same([cos, shared(1.0)])
+    rows, _ = _read([cos], [shared(1.0)])
+    assert [r["comparison"] for r in rows] == ["lead", "lead_shared_lr"]
+    with pytest.raises(SystemExit, match=r"^error: arm small differs in gamma across the sweeps"):
+        check_same([cos, shared(0.5)])  # the baseline's init is not the recipe at a shared lr
