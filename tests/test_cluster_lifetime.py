@@ -32,6 +32,42 @@ def session_pids(driver_pid: int) -> list[int]:
     return out
 
 
+def family(roots: list[int]) -> dict[int, tuple[int, str]]:
+    """pid -> (start time, command line) of the roots and every process below them. Ray's agents
+    (ray::DashboardAgent, ray::RuntimeEnvAgent) are here although their environment, overwritten
+    when they rename themselves, no longer shows the tag."""
+    parent, seen = {}, {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+        except (OSError, ValueError, IndexError):
+            continue
+        parent[int(proc.name)] = (int(fields[1]), int(fields[19]), cmd)
+    todo = [p for p in roots if p in parent]
+    while todo:
+        pid = todo.pop()
+        if pid not in seen:
+            seen[pid] = parent[pid][1:]
+            todo.extend(p for p, (pp, _, _) in parent.items() if pp == pid)
+    return seen
+
+
+def still_running(recorded: dict[int, tuple[int, str]]) -> list[str]:
+    """The recorded processes still alive (same pid, same start time, not a zombie), by command line."""
+    left = []
+    for pid, (start, cmd) in recorded.items():
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[19]) == start and fields[0] != "Z":
+            left.append(f"{pid} {cmd[:60]}")
+    return left
+
+
 def listening_addresses(pids: list[int]) -> dict[int, list[str]]:
     """pid -> the local addresses of its listening TCP sockets, read from /proc (no psutil, no ss)."""
     listening = {}  # socket inode -> address
@@ -76,15 +112,21 @@ def test_a_local_cluster_listens_on_loopback_only_and_dies_within_seconds_of_a_k
         assert len(addrs) >= 3, addrs  # at least the GCS, the raylet and a worker listen
         assert {a for v in addrs.values() for a in v} == {"127.0.0.1"}, addrs
 
+        ray_family = family(pids)
+        agents = [cmd for _, cmd in ray_family.values() if "Agent" in cmd]
+        assert len(agents) >= 2, sorted(cmd[:60] for _, cmd in ray_family.values())  # the dashboard and runtime-env agents
+
         os.kill(driver.pid, signal.SIGKILL)  # the driver alone: its Ray must notice by itself
         killed = time.time()
         driver.wait()
-        while session_pids(driver.pid) and time.time() - killed < 30:
+        while (session_pids(driver.pid) or still_running(ray_family)) and time.time() - killed < 60:
             time.sleep(0.2)
-        left, took = session_pids(driver.pid), time.time() - killed
-        assert not left and took < 6, f"{len(left)} Ray processes left {took:.1f} s after the driver died"
+        left, took = [*map(str, session_pids(driver.pid)), *still_running(ray_family)], time.time() - killed
+        assert not left and took < 6, f"{len(left)} Ray processes left {took:.1f} s after the driver died: {left}"
     finally:
         if driver.poll() is None:
             os.killpg(driver.pid, signal.SIGKILL)
         for pid in session_pids(driver.pid):  # only this test's own processes carry its driver's tag
             os.kill(pid, signal.SIGKILL)
+        for line in still_running(ray_family if "ray_family" in locals() else {}):
+            os.kill(int(line.split()[0]), signal.SIGKILL)
