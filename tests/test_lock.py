@@ -188,3 +188,25 @@ def test_an_unwritable_sweep_folder_is_refused_in_one_line_and_nothing_is_create
     assert str(e.value).startswith(f"hydra.sweep.dir={str(blocker / 'sweep')!r} is invalid: cannot write there (")
     assert str(e.value).endswith("choose a writable folder with name=... or hydra.sweep.dir=...")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
+
+
+def test_a_folder_with_files_but_no_mark_of_a_sweep_is_refused_and_left_as_it_was(tmp_path):
+    """`hydra.sweep.dir=/` or a source tree: refused before the lock file; an empty folder and a
+    sweep's own folder (any of its marks) are taken."""
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    for name in ("a.txt", "b", "c", "d", "e", "f"):
+        (theirs / name).write_text("mine")
+    with pytest.raises(ConfigError) as e:
+        DriverLock(theirs).acquire()
+    assert str(e.value) == (f"hydra.sweep.dir={str(theirs)!r} is invalid: it holds files no sweep wrote (a.txt, b, c, d, "
+                            "e and 1 more); a sweep writes into a new or empty folder or its own: choose one with "
+                            "name=... or hydra.sweep.dir=... (nothing was written)")
+    assert sorted(p.name for p in theirs.iterdir()) == ["a.txt", "b", "c", "d", "e", "f"]
+    (tmp_path / "empty").mkdir()
+    for folder, mark in ((tmp_path / "empty", None), (theirs, "trials"), (theirs, "fixed_overrides.json")):
+        if mark:
+            (theirs / mark).mkdir() if mark == "trials" else (theirs / mark).write_text("{}")
+        held = DriverLock(folder)
+        held.acquire()
+        held.release()

@@ -8,7 +8,9 @@ message a second driver prints. Where the filesystem has no locks (ENOLCK), the 
 decides: a lock naming a dead pid on this host is stale and taken over.
 
 Taking the lock is also the sweep's first write to its folder, so an unwritable folder is
-refused here, in one line, before the study or any trial folder is created.
+refused here, in one line, before the study or any trial folder is created; so is a folder that
+holds files but none a sweep writes (`/`, a home folder, a source tree): a sweep writes only
+into a new or empty folder or its own.
 """
 
 from __future__ import annotations
@@ -25,6 +27,22 @@ from pathlib import Path
 from smallinit.core.errors import ConfigError
 
 LOCK_FILE = "driver.lock"
+# What any sweep folder holds once its driver has written anything (the study is a file here
+# unless hydra.sweeper.storage names another); one of them marks the folder as a sweep's.
+SWEEP_MARKS = (LOCK_FILE, "fixed_overrides.json", "trials", "optuna.db", "results.parquet")
+
+
+def check_sweep_folder(sweep_dir: Path) -> None:
+    """Refuse a folder that holds files and no mark of a sweep, before anything is written."""
+    try:
+        names = sorted(os.listdir(sweep_dir)) if sweep_dir.is_dir() else []
+    except OSError:
+        return  # unreadable: acquire's first write names it
+    if names and not set(names) & set(SWEEP_MARKS):
+        shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+        raise ConfigError(f"hydra.sweep.dir={str(sweep_dir)!r} is invalid: it holds files no sweep wrote ({shown}); "
+                          "a sweep writes into a new or empty folder or its own: choose one with name=... or "
+                          "hydra.sweep.dir=... (nothing was written)")
 
 
 class TrialBusy(RuntimeError):
@@ -84,6 +102,7 @@ class DriverLock:
         self.release()
 
     def acquire(self) -> None:
+        check_sweep_folder(self.sweep_dir)
         try:
             self.created = [p for p in (self.sweep_dir, *self.sweep_dir.parents) if not p.exists()]
             self.sweep_dir.mkdir(parents=True, exist_ok=True)
