@@ -175,3 +175,17 @@ def test_export_from_a_damaged_model_pt_is_one_line_naming_it(trial, tmp_path, c
         assert err[0].endswith("copy it again from where it came, or move the trial's result.json aside and rerun the "
                                "sweep's command to train the trial again")
     assert not (tmp_path / "hf").exists()  # refused before anything is written
+
+
+def test_a_damaged_sweep_record_is_named_and_the_report_reads_the_trials_without_it(tiny_sweep, tmp_path):
+    sweep = tmp_path / "rep"
+    shutil.copytree(tiny_sweep, sweep)
+    (sweep / "fixed_overrides.json").write_bytes(b"")
+    (sweep / "protocol.json").write_text("[1]")
+    loaded = load([sweep])
+    assert loaded.damaged_records == [
+        f"{sweep / 'fixed_overrides.json'} is unreadable (empty): this report leaves out the command that repeats the "
+        "sweep; the sweep's command names the file and what to do",
+        f"{sweep / 'protocol.json'} is unreadable (not a JSON object): this report leaves out the select-then-confirm "
+        "choices' command; the sweep's command names the file and what to do"]
+    assert len(loaded.complete) == len(load([tiny_sweep]).complete)  # every trial still read

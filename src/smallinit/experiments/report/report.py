@@ -77,7 +77,7 @@ def build(dirs: list[Path], out_root: Path = Path("reports"), baseline_gamma: fl
     paper's recipe against the effective-size baseline."""
     t0 = time.time()
     sweep, budget_sweep = load_report(dirs, metric)
-    for line in sweep.left_out:
+    for line in [*sweep.left_out, *sweep.damaged_records]:
         log(line)
     out = Path(out_root) / sweep.name
     out.mkdir(parents=True, exist_ok=True)

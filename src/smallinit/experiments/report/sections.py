@@ -103,6 +103,8 @@ def header(ctx: Context) -> Part:
     if sweep.left_out:
         blocks.append(Block("note", "Left out of every comparison, because the files in their folders changed since "
                                     "they finished: " + " ".join(sweep.left_out)))
+    if sweep.damaged_records:
+        blocks.append(Block("note", "Records of the sweep folder that could not be read: " + " ".join(sweep.damaged_records)))
     tok_txt = f"{info['max_tokens']:,.0f}" if math.isfinite(info["max_tokens"]) else "?"
     blocks.append(Block("note", f"Scale: {info['sizes']} model size(s), the largest {info['max_params'] / 1e6:.2f}M "
                                 f"parameters trained on {tok_txt} tokens per trial"
