@@ -7,6 +7,12 @@ arm), and the lead at a shared lr (a sweep of the recipe at the lr the baseline 
     python -m records.whole_runs sweeps/crossover ~/records/whole_wsd_4m ~/records/whole_cosine_4m \\
         --shared ~/records/shared_cosine_4m ~/records/shared_wsd_4m --out docs/results/crossover_whole
 
+crossover_registry's rule reads its two WSD sweeps at every budget, the lead in each and the lead's
+difference between them (what repetition does to it):
+
+    python -m records.whole_runs ~/records/crossover_registry ~/records/crossover_registry_repeat \\
+        --family lead,leads_differ --every-budget --out docs/results/crossover_registry
+
 Each sweep's schedule is read from its results table (config/optim.schedule); a per-budget WSD
 sweep's cooldown branch at a budget below its largest is the same schedule, step for step, as a
 whole WSD run of that budget. Every comparison is a − b paired by seed over the confirm seeds
@@ -47,6 +53,7 @@ KINDS = {
     "lead": ("lead under {schedule}: {a} − {b} ({source})", "recipe ahead", "baseline ahead"),
     "interaction": ("schedule x arm: lead under WSD ({a}) − lead under cosine ({b})", "larger under WSD", "larger under cosine"),
     "sweeps_differ": ("{arm} under {schedule}: {a} − {b}", "lower in {a}", "lower in {b}"),
+    "leads_differ": ("lead under {schedule} in {a} − lead in {b}", "larger in {a}", "larger in {b}"),
     "lead_shared_lr": ("lead under {schedule} at the baseline's lr: {recipe} ({a}) − {baseline} ({b})",
                        "recipe ahead", "baseline ahead"),
 }
@@ -113,14 +120,19 @@ def _row(kind: str, budget: int, seeds: list[int], diffs, a: dict, b: dict, **wo
                 p_signflip=signflip_p(diffs))
 
 
-def comparisons(sweeps: list[Sweep], shared: list[Sweep], seeds: list[int], baseline: str,
-                recipe: str) -> tuple[list[dict], list[str]]:
-    """(every comparison the sweeps hold for all `seeds` at each budget a cosine sweep trained, one
-    line per sweep and budget still waiting)."""
+# The comparisons crossover_whole's rule reads (its README, "How it is read"); a record with
+# another rule names its own with --family.
+WHOLE_RUNS_FAMILY = ("lead", "interaction", "sweeps_differ", "lead_shared_lr")
+
+
+def comparisons(sweeps: list[Sweep], shared: list[Sweep], seeds: list[int], baseline: str, recipe: str,
+                family: tuple[str, ...] = WHOLE_RUNS_FAMILY, every_budget: bool = False) -> tuple[list[dict], list[str]]:
+    """(every comparison of the kinds in `family` the sweeps hold for all `seeds`, one line per
+    sweep and budget still waiting). The budgets read: those a cosine sweep trained (crossover_whole's
+    rule: a per-budget WSD record's others are not asked), or with `every_budget` every budget any sweep holds."""
     out = []
     waiting = [f"{s.name}: no complete confirm run yet" for s in [*sweeps, *shared] if s.runs.empty]
-    # The rule reads the budgets that whole cosine runs were trained for; a per-budget WSD record's others are not asked.
-    budgets = sorted(set().union(*(set(s.runs["budget"]) for s in sweeps if s.schedule == "cosine")))
+    budgets = sorted(set().union(*(set(s.runs["budget"]) for s in sweeps if every_budget or s.schedule == "cosine")))
     for budget in budgets:
         leads: dict[str, tuple[Sweep, object]] = {}
         for s in sweeps:
@@ -132,18 +144,23 @@ def comparisons(sweeps: list[Sweep], shared: list[Sweep], seeds: list[int], base
                 continue
             d = r[LOSS].to_numpy(float) - b[LOSS].to_numpy(float)
             leads[s.name] = (s, d)
-            out.append(_row("lead", budget, seeds, d, _side(recipe, r), _side(baseline, b), schedule=s.schedule, source=s.name))
+            if "lead" in family:
+                out.append(_row("lead", budget, seeds, d, _side(recipe, r), _side(baseline, b), schedule=s.schedule,
+                                source=s.name))
         for (w, dw), (c, dc) in itertools.product(leads.values(), leads.values()):
-            if w.schedule == "WSD" and c.schedule == "cosine":
+            if "interaction" in family and w.schedule == "WSD" and c.schedule == "cosine":
                 out.append(_row("interaction", budget, seeds, dw - dc, {"label": w.name, "mean": float(dw.mean())},
                                 {"label": c.name, "mean": float(dc.mean())}))
-        for (s1, _), (s2, _) in itertools.combinations(leads.values(), 2):
-            if s1.schedule == s2.schedule:
+        for (s1, d1), (s2, d2) in itertools.combinations(leads.values(), 2):
+            if "leads_differ" in family and s1.schedule == s2.schedule:
+                out.append(_row("leads_differ", budget, seeds, d1 - d2, {"label": s1.name, "mean": float(d1.mean())},
+                                {"label": s2.name, "mean": float(d2.mean())}, schedule=s1.schedule))
+            if "sweeps_differ" in family and s1.schedule == s2.schedule:
                 for arm in (baseline, recipe):
                     x, y = s1.at(budget, arm, seeds), s2.at(budget, arm, seeds)
                     out.append(_row("sweeps_differ", budget, seeds, x[LOSS].to_numpy(float) - y[LOSS].to_numpy(float),
                                     _side(s1.name, x), _side(s2.name, y), arm=arm, schedule=s1.schedule))
-        for h in shared:
+        for h in shared if "lead_shared_lr" in family else []:
             if h.holds(budget):
                 out.extend(_shared_lead(h, [s for s, _ in leads.values()], budget, seeds, baseline, recipe, waiting))
     return out, waiting
@@ -239,15 +256,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", default="1-6", help="the confirm seeds every comparison pairs over: 1-6 or 1,2,3")
     ap.add_argument("--baseline", default="baseline", help="the baseline arm's name (param.arm)")
     ap.add_argument("--recipe", default="small", help="the recipe arm's name (param.arm)")
+    ap.add_argument("--family", default=",".join(WHOLE_RUNS_FAMILY),
+                    help=f"the kinds of comparison the record's rule reads, comma-separated, of {sorted(KINDS)}")
+    ap.add_argument("--every-budget", action="store_true",
+                    help="read every budget the sweeps hold (default: those a cosine sweep trained)")
     ap.add_argument("--out", type=Path, help="write summary.json and lead.md into this folder")
     args = ap.parse_args(argv)
+    family = tuple(k.strip() for k in args.family.split(",") if k.strip())
+    if set(family) - set(KINDS) or not family:
+        ap.error(f"--family={args.family!r} is invalid: comma-separated kinds of {sorted(KINDS)}")
     paths = [*args.sweeps, *args.shared]
     sweeps, shared = [load(p) for p in args.sweeps], [load(p, arm=args.recipe) for p in args.shared]
     check_same([*sweeps, *shared])
-    rows, waiting = comparisons(sweeps, shared, _seeds(args.seeds), args.baseline, args.recipe)
+    rows, waiting = comparisons(sweeps, shared, _seeds(args.seeds), args.baseline, args.recipe, family, args.every_budget)
     judge(rows)
     command = (f"python -m records.whole_runs {' '.join(p.name for p in args.sweeps)}"
-               + (f" --shared {' '.join(p.name for p in args.shared)}" if args.shared else ""))
+               + (f" --shared {' '.join(p.name for p in args.shared)}" if args.shared else "")
+               + (f" --family {','.join(family)}" if family != WHOLE_RUNS_FAMILY else "")
+               + (" --every-budget" if args.every_budget else ""))
     text = markdown(rows, waiting, command)
     print(text)
     if args.out:
@@ -257,7 +283,8 @@ def main(argv: list[str] | None = None) -> int:
                  "results_tables": tables}
         summary = {"provenance": block, "trials_made_by": trials_made_by(paths, [s.runs for s in [*sweeps, *shared]]),
                    "sources": {s.name: s.schedule for s in [*sweeps, *shared]}, "seeds": _seeds(args.seeds),
-                   "alpha": ALPHA, "comparisons": rows, "waiting": waiting}
+                   "alpha": ALPHA, "family": list(family), "every_budget": args.every_budget, "comparisons": rows,
+                   "waiting": waiting}
         (args.out / "summary.json").write_text(json.dumps(summary, indent=1, default=float) + "\n")
         (args.out / "lead.md").write_text(text + "\n")
     return 0

@@ -231,6 +231,28 @@ VARIANTS = {
 }
 
 
+def test_the_docs_preset_table_is_the_presets():
+    """docs/training.md's table is read against PRESETS, the one place a preset is defined
+    (conf/model/<name>.yaml only names it): every preset has a row, every row is its preset."""
+    from pathlib import Path
+
+    text = (Path(__file__).parents[1] / "docs" / "training.md").read_text()
+    rows = {}
+    for line in text.split("### Model presets", 1)[1].splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 9 and cells[0].startswith("`"):
+            rows[cells[0].strip("`")] = cells[1:]
+    assert set(rows) == set(PRESETS)
+    for name, (d_model, layers, heads, d_ff, experts, vocab, total, active) in rows.items():
+        cfg = ModelConfig.preset(name)
+        kv = cfg.n_kv_heads or cfg.n_heads
+        moe = f"{cfg.ffn.n_experts} ({cfg.ffn.top_k}, {cfg.ffn.d_expert})" if cfg.ffn.type == "moe" else "-"
+        built = [str(cfg.d_model), str(cfg.n_layers), f"{cfg.n_heads} ({kv})", str(cfg.d_ff), moe,
+                 f"{cfg.vocab_size}" + (" (tied)" if cfg.tie_embeddings else ""),
+                 f"{cfg.num_params() / 1e6:,.1f}M", f"{cfg.num_params(active=True) / 1e6:,.1f}M"]
+        assert [d_model, layers, heads, d_ff, experts, vocab, total, active] == built, name
+
+
 @pytest.mark.parametrize("name", sorted(PRESETS))
 def test_num_params_matches_built_preset(name):
     cfg = ModelConfig.preset(name)

@@ -113,3 +113,19 @@ def test_a_shared_sweep_without_an_arm_column_is_the_recipe_and_must_match_its_r
     assert [r["comparison"] for r in rows] == ["lead", "lead_shared_lr"]
     with pytest.raises(SystemExit, match=r"^error: arm small differs in gamma across the sweeps"):
         check_same([cos, shared(0.5)])  # the baseline's init is not the recipe at a shared lr
+
+
+def test_a_family_of_leads_and_their_difference_reads_every_budget_of_two_wsd_sweeps():
+    """crossover_registry's rule: per budget, the lead in each WSD sweep and lead(a) − lead(b),
+    nothing else; budgets no cosine sweep trained are read with every_budget."""
+    once = _sweep("once", "WSD", {"baseline": 4.5, "small": 4.45}, {"baseline": 2e-3, "small": 1e-3}, noise=0.01)
+    again = _sweep("again", "WSD", {"baseline": 4.4, "small": 4.30}, {"baseline": 2e-3, "small": 1e-3}, noise=0.01,
+                   rng_seed=1)
+    assert comparisons([once, again], [], SEEDS, "baseline", "small", family=("lead", "leads_differ")) == ([], [])
+    rows, waiting = comparisons([once, again], [], SEEDS, "baseline", "small", family=("lead", "leads_differ"),
+                                every_budget=True)
+    assert [r["comparison"] for r in rows] == ["lead", "lead", "leads_differ"] and waiting == []
+    differ = rows[2]
+    assert differ["what"] == "lead under WSD in once − lead in again" and differ["words"] == ["larger in once", "larger in again"]
+    assert differ["diffs"] == pytest.approx(np.array(rows[0]["diffs"]) - np.array(rows[1]["diffs"]))
+    assert differ["mean"] == pytest.approx(0.05, abs=0.02)  # the lead is 0.05 in once, 0.10 in again
