@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from smallinit.sweeper.runtime.lock import TrialBusy, trial_lock
+from smallinit.core.trial_lock import TrialBusy, trial_lock
 
 from .conftest import REPO, TINY, run_cli
 
@@ -35,7 +35,7 @@ def test_a_second_worker_on_a_locked_trial_folder_is_refused_at_once(tmp_path):
     holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
         import sys, time
         sys.path.insert(0, {str(REPO / 'src')!r})
-        from smallinit.sweeper.runtime.lock import trial_lock
+        from smallinit.core.trial_lock import trial_lock
         with trial_lock(__import__("pathlib").Path({str(lock)!r})):
             print("held", flush=True)
             time.sleep(60)

@@ -31,7 +31,7 @@ def run(cfg: DictConfig) -> float | None:
     from smallinit.core.trial_dir import DamagedFile, TrialDir
     from smallinit.trainer.config import trial_config_from_dict
     from smallinit.trainer.data_check import check_trials
-    from smallinit.trainer.loop import run_trial
+    from smallinit.trainer.entry import train_trial
     from smallinit.trainer.machine.host_memory import check_switch
     from smallinit.trainer.reporting import ConsoleReporter
 
@@ -50,26 +50,23 @@ def run(cfg: DictConfig) -> float | None:
     print(f"W&B: disabled for a single run (a sweep, sweep.py -m, logs one W&B run per trial); "
           f"metrics in {TrialDir(out_dir).metrics}")
     console = ConsoleReporter(trial.train.total_steps, description=trial.preset or "train")
-    from smallinit.sweeper.runtime.lock import TrialBusy, trial_lock
+    from smallinit.core.trial_lock import TrialBusy
     from smallinit.trainer.loop import ForeignFolder
 
-    folder = TrialDir(out_dir)
-    Path(out_dir).mkdir(parents=True, exist_ok=True)
-    try:  # the same lock a sweep's worker holds: two resumes of one folder never train it together
-        with trial_lock(folder.lock):
-            result = run_trial(trial, out_dir, reporter=console, prepared=prepared, identity=identity)
+    try:  # the entry a sweep's worker takes too: the folder's lock, and a folder that is this trial's
+        result = train_trial(trial, out_dir, identity, reporter=console, prepared=prepared)
     except (TrialBusy, ForeignFolder) as e:
         sys.exit(f"error: hydra.run.dir={out_dir}: {e}")
     except DamagedFile as e:
         sys.exit(f"error: {e}: move it aside to train the trial here again, or use another hydra.run.dir")
-    if result.final_val_loss is not None:
-        print(f"val loss {result.final_val_loss:.4f} (best {result.best_val_loss:.4f}; "
-              f"unigram entropy of the val tokens {result.unigram_entropy:.4f}) after {result.tokens:,} tokens")
-    extra = {k: v for k, v in result.final_metrics.items() if k.startswith("anchor/")}
+    if result["final_val_loss"] is not None:
+        print(f"val loss {result['final_val_loss']:.4f} (best {result['best_val_loss']:.4f}; "
+              f"unigram entropy of the val tokens {result['unigram_entropy']:.4f}) after {result['tokens']:,} tokens")
+    extra = {k: v for k, v in (result.get("final_metrics") or {}).items() if k.startswith("anchor/")}
     if extra:
         print("  ".join(f"{k} {v:.3f}" for k, v in extra.items()))
-    print(f"{result.tokens_per_s:,.0f} tokens/s, {result.wall_s:.1f} s; outputs in {out_dir}")
-    return result.final_val_loss
+    print(f"{result['tokens_per_s']:,.0f} tokens/s, {result['wall_s']:.1f} s; outputs in {out_dir}")
+    return result["final_val_loss"]
 
 
 def _check_run_dir(argv: list[str], conf_dir) -> None:

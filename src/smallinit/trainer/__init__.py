@@ -6,6 +6,6 @@ several processes (distributed), metrics (reporting), and export to transformers
 holds what depends on the hardware: the compute dtype, the CPU allocator setting, and the
 per-device memory plan.
 
-It imports core, model and data only; the sweeper calls `loop.run_trial`, and nothing here
-knows a sweep exists.
+It imports core, model and data only; a sweep's worker and a single run both enter through
+`entry.train_trial`, and nothing here knows a sweep exists.
 """

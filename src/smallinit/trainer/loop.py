@@ -121,13 +121,22 @@ def run_trial(trial: TrialConfig, out_dir: Path, reporter: Reporter | None = Non
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     folder = TrialDir(out_dir)
-    finished = folder.read_result()
+    finished = finished_result(folder, trial, identity, dist.world, log)
     if finished is not None:
-        if finished["identity"] != identity:
-            raise ForeignFolder(_not_this_trial(out_dir, "finished trial", finished["identity"], trial, dist.world, identity))
-        log(f"trial {identity} already finished in {out_dir}")
         return TrialResult(**finished)
     return Trainer(trial, folder, reporter, log, prepared, dist, identity).fit()
+
+
+def finished_result(folder: TrialDir, trial: TrialConfig, identity: str, world: int, log=print) -> dict | None:
+    """The folder's result if trial `identity` finished there; None if nothing finished there;
+    ForeignFolder if another trial did (DamagedFile from read_result if it cannot be read)."""
+    finished = folder.read_result()
+    if finished is None:
+        return None
+    if finished.get("identity") != identity:
+        raise ForeignFolder(_not_this_trial(folder.path, "finished trial", finished.get("identity"), trial, world, identity))
+    log(f"trial {identity} already finished in {folder.path}")
+    return finished
 
 
 def folder_refusal(trial: TrialConfig, out_dir: Path, identity: str, world: int = 1) -> str | None:

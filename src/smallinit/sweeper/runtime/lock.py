@@ -15,7 +15,6 @@ into a new or empty folder or its own.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import fcntl
 import json
@@ -25,6 +24,7 @@ import time
 from pathlib import Path
 
 from smallinit.core.errors import ConfigError
+from smallinit.core.trial_lock import read_holder
 
 LOCK_FILE = "driver.lock"
 # What any sweep folder holds once its driver has written anything (the study is a file here
@@ -43,34 +43,6 @@ def check_sweep_folder(sweep_dir: Path) -> None:
         raise ConfigError(f"hydra.sweep.dir={str(sweep_dir)!r} is invalid: it holds files no sweep wrote ({shown}); "
                           "a sweep writes into a new or empty folder or its own: choose one with name=... or "
                           "hydra.sweep.dir=... (nothing was written)")
-
-
-class TrialBusy(RuntimeError):
-    """Another worker holds this trial folder's lock."""
-
-
-@contextlib.contextmanager
-def trial_lock(path: Path):
-    """Hold `path` (a trial folder's trial.lock) while this worker trains the trial. A second
-    worker on the same folder (whatever the grid or the number of drivers) gets TrialBusy at
-    once instead of training over the first. Same record lock as the driver's: the kernel drops
-    it when the worker dies."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        try:
-            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as e:
-            if e.errno in (errno.EACCES, errno.EAGAIN):
-                holder = _read(fd) or {}
-                raise TrialBusy(f"another worker is training this trial folder (pid {holder.get('pid')} on "
-                                f"{holder.get('host')}); it was not trained twice") from None
-            if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL):
-                raise
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname()}).encode(), 0)
-        yield
-    finally:
-        os.close(fd)  # closing drops the lock
 
 
 def hold_driver_lock(sweep_dir: Path) -> DriverLock:
@@ -140,7 +112,7 @@ class DriverLock:
 
     def _lock(self, fd: int) -> dict | None:
         """Lock fd; return the text of a lock left by a dead driver (None for a fresh file)."""
-        holder = _read(fd)
+        holder = read_holder(fd)
         try:
             fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:
@@ -189,7 +161,7 @@ def live_driver(sweep_dir: Path) -> dict | None:
         except OSError as e:
             if e.errno in (errno.EACCES, errno.EAGAIN):
                 return _read_holder(fd) or {}
-            holder = _read(fd)  # no record locks on this filesystem: trust the text where it can be checked
+            holder = read_holder(fd)  # no record locks on this filesystem: trust the text where it can be checked
             if holder and not (holder.get("host") == socket.gethostname() and not _alive(holder.get("pid"))):
                 return holder
         return None
@@ -203,19 +175,10 @@ def _read_holder(fd: int, wait: float = 2.0) -> dict | None:
     read again for up to `wait` seconds before saying it gives no pid."""
     deadline = time.monotonic() + wait
     while True:
-        holder = _read(fd)
+        holder = read_holder(fd)
         if holder or time.monotonic() >= deadline:
             return holder
         time.sleep(0.02)
-
-
-def _read(fd: int) -> dict | None:
-    try:
-        text = os.pread(fd, 4096, 0).decode()
-        holder = json.loads(text) if text.strip() else None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return None
-    return holder if isinstance(holder, dict) else None
 
 
 def _alive(pid) -> bool:

@@ -21,9 +21,9 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from smallinit.core.trial_dir import TrialDir, unusable
+from smallinit.core.trial_dir import DamagedFile, TrialDir
+from smallinit.core.trial_lock import TrialBusy
 from smallinit.sweeper.config.spec import TrialSpec
-from smallinit.sweeper.runtime.lock import TrialBusy, trial_lock
 
 from .failures import TRANSIENT, classify
 
@@ -123,19 +123,26 @@ class WandbReporter:
 
 
 def run_spec(config: dict[str, Any]) -> None:
-    """The Tune function trainable."""
+    """The Tune function trainable: the trial through the trainer's one entry (trainer/entry.py,
+    which a single run takes too), its training attempt run and recorded here."""
     import torch
     from ray import tune
+
+    from smallinit.trainer.entry import train_trial
+    from smallinit.trainer.loop import ForeignFolder
 
     spec: TrialSpec = config["spec"]
     out = TrialDir(spec.out_dir)
     torch.set_num_threads(max(1, spec.threads))
-    out.path.mkdir(parents=True, exist_ok=True)
-    try:
-        with trial_lock(out.lock):
-            done = _train(spec, out)
+    try:  # a result.json the driver could not report was set aside there already (and said so); one put there since is too
+        done = train_trial(spec.trial, out.path, spec.identity, fit=lambda: _attempt(spec, out), set_aside_damaged=True,
+                           world=spec.workers, log=lambda *parts: _append_line(out.log, " ".join(map(str, parts))))
     except TrialBusy as e:
         tune.report({"failed": 1, "fail_reason": str(e), "fail_kind": TRANSIENT, "done_training": True})
+        return
+    except (ForeignFolder, DamagedFile) as e:  # a folder that is not this trial's: reported, nothing written there
+        kind, reason = classify(e)
+        tune.report({"failed": 1, "fail_reason": reason[:1000], "fail_kind": kind, "done_training": True})
         return
     if done is None:  # failed, and reported
         return
@@ -145,45 +152,42 @@ def run_spec(config: dict[str, Any]) -> None:
     tune.report(final)
 
 
-def _train(spec: TrialSpec, out: TrialDir) -> dict[str, Any] | None:
-    """The trial's result: read if it finished before, else trained now (None if it failed)."""
+def _attempt(spec: TrialSpec, out: TrialDir) -> dict[str, Any] | None:
+    """One attempt at training the trial, its output in the trial's log: the result, or None
+    when it failed (recorded in failure.json with its kind, and reported to Tune)."""
     from ray import tune
 
     from smallinit.trainer.loop import run_trial
     from smallinit.trainer.reporting import MultiReporter
 
     _record_placement(out)
-    why = out.damaged_result()
-    if why is not None:  # the driver's reconcile sets these aside; one put there since is not used either
-        with output_to(out.log):
-            print(f"{out.result_json} is {unusable(why)}: set aside as {out.set_aside_result().name}; "
-                  "training the trial", flush=True)
-    done = out.read_result()
-    if done is None:
-        reporters = [TuneReporter(spec.trial.train.total_steps)]
-        with output_to(out.log):
-            print(f"trial {spec.identity} ({spec.label()}), pid {os.getpid()} on {socket.gethostname()}", flush=True)
-            previous = out.read_failure(damaged_ok=True)
-            if previous is not None:  # its reason stays in this log; the folder no longer says FAIL
-                print(f"running again after: {previous.get('reason')}", flush=True)
-                out.clear_failure()
-            try:
-                if spec.workers > 1:
-                    done = _fit_workers(spec, out)
-                else:
-                    if spec.wandb["mode"] != "disabled":
-                        reporters.append(WandbReporter(spec))
-                    done = _as_dict(run_trial(spec.trial, out.path, reporter=MultiReporter(*reporters), identity=spec.identity,
-                                              log=lambda *a: print(*a, flush=True), prepared=_prepared(spec)))
-            except Exception as e:  # recorded, not retried by Tune: the next run decides (failures.py)
-                kind, reason = classify(e)
-                trace = traceback.format_exc()
-                print(trace, flush=True)
-                with contextlib.suppress(OSError):  # a full disk may refuse even this: the study has it
-                    out.write_failure(reason, trace, kind)
-                tune.report({"failed": 1, "fail_reason": reason[:1000], "fail_kind": kind, "done_training": True})
-                return None
-    return done
+    reporters = [TuneReporter(spec.trial.train.total_steps)]
+    with output_to(out.log):
+        print(f"trial {spec.identity} ({spec.label()}), pid {os.getpid()} on {socket.gethostname()}", flush=True)
+        previous = out.read_failure(damaged_ok=True)
+        if previous is not None:  # its reason stays in this log; the folder no longer says FAIL
+            print(f"running again after: {previous.get('reason')}", flush=True)
+            out.clear_failure()
+        try:
+            if spec.workers > 1:
+                return _fit_workers(spec, out)
+            if spec.wandb["mode"] != "disabled":
+                reporters.append(WandbReporter(spec))
+            return _as_dict(run_trial(spec.trial, out.path, reporter=MultiReporter(*reporters), identity=spec.identity,
+                                      log=lambda *a: print(*a, flush=True), prepared=_prepared(spec)))
+        except Exception as e:  # recorded, not retried by Tune: the next run decides (failures.py)
+            kind, reason = classify(e)
+            trace = traceback.format_exc()
+            print(trace, flush=True)
+            with contextlib.suppress(OSError):  # a full disk may refuse even this: the study has it
+                out.write_failure(reason, trace, kind)
+            tune.report({"failed": 1, "fail_reason": reason[:1000], "fail_kind": kind, "done_training": True})
+            return None
+
+
+def _append_line(path: Path, line: str) -> None:
+    with open(path, "a") as f:
+        f.write(line + "\n")
 
 
 def _prepared(spec: TrialSpec):
