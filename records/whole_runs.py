@@ -46,7 +46,10 @@ ALPHA = 0.05
 SCHEDULE = "config/optim.schedule"
 SCHEDULE_NAMES = {"wsd": "WSD"}
 # What must be the same in two sweeps for their runs to pair: the model and the data, and per arm its recipe.
-SAME = ("d_model", "n_layers", "corpus_tokens", "config/train.batch_size", "config/train.seq_len")
+SAME = ("d_model", "n_layers", "config/train.batch_size", "config/train.seq_len")
+# The corpus may differ between sweeps (crossover_registry: the whole corpus and a prefix of it); only
+# leads_differ compares across it, every other pairing is between sweeps of one corpus.
+CORPUS = "corpus_tokens"
 SAME_PER_ARM = ("gamma", "eps", "gate", "norm")
 # kind: (what it is, the words for a negative and a positive mean)
 KINDS = {
@@ -73,6 +76,15 @@ class Sweep:
 
     def holds(self, budget: int) -> bool:
         return bool((self.runs["budget"] == budget).any())
+
+    @property
+    def corpus(self) -> tuple[str, ...]:
+        """The training tokens of the corpus its runs read (one value in a sweep that pairs)."""
+        return tuple(sorted(set(self.runs[CORPUS].astype(str)))) if CORPUS in self.runs else ()
+
+
+def same_corpus(a: Sweep, b: Sweep) -> bool:
+    return a.corpus == b.corpus
 
 
 def load(path: Path, arm: str | None = None) -> Sweep:
@@ -148,14 +160,14 @@ def comparisons(sweeps: list[Sweep], shared: list[Sweep], seeds: list[int], base
                 out.append(_row("lead", budget, seeds, d, _side(recipe, r), _side(baseline, b), schedule=s.schedule,
                                 source=s.name))
         for (w, dw), (c, dc) in itertools.product(leads.values(), leads.values()):
-            if "interaction" in family and w.schedule == "WSD" and c.schedule == "cosine":
+            if "interaction" in family and w.schedule == "WSD" and c.schedule == "cosine" and same_corpus(w, c):
                 out.append(_row("interaction", budget, seeds, dw - dc, {"label": w.name, "mean": float(dw.mean())},
                                 {"label": c.name, "mean": float(dc.mean())}))
         for (s1, d1), (s2, d2) in itertools.combinations(leads.values(), 2):
             if "leads_differ" in family and s1.schedule == s2.schedule:
                 out.append(_row("leads_differ", budget, seeds, d1 - d2, {"label": s1.name, "mean": float(d1.mean())},
                                 {"label": s2.name, "mean": float(d2.mean())}, schedule=s1.schedule))
-            if "sweeps_differ" in family and s1.schedule == s2.schedule:
+            if "sweeps_differ" in family and s1.schedule == s2.schedule and same_corpus(s1, s2):
                 for arm in (baseline, recipe):
                     x, y = s1.at(budget, arm, seeds), s2.at(budget, arm, seeds)
                     out.append(_row("sweeps_differ", budget, seeds, x[LOSS].to_numpy(float) - y[LOSS].to_numpy(float),
@@ -183,7 +195,7 @@ def _shared_lead(h: Sweep, sweeps: list[Sweep], budget: int, seeds: list[int], b
     rows = []
     for s in sweeps:
         b = s.at(budget, baseline, seeds)
-        if s.schedule == h.schedule and set(b["lr"]) == set(r["lr"]):
+        if s.schedule == h.schedule and same_corpus(s, h) and set(b["lr"]) == set(r["lr"]):
             rows.append(_row("lead_shared_lr", budget, seeds, r[LOSS].to_numpy(float) - b[LOSS].to_numpy(float),
                              _side(h.name, r), _side(s.name, b), schedule=s.schedule, recipe=recipe, baseline=baseline))
     if not rows:
@@ -282,7 +294,8 @@ def main(argv: list[str] | None = None) -> int:
         block = {**provenance.record(), "results_sha256": {d.name: provenance.file_sha256(results_path(d)) for d in paths},
                  "results_tables": tables}
         summary = {"provenance": block, "trials_made_by": trials_made_by(paths, [s.runs for s in [*sweeps, *shared]]),
-                   "sources": {s.name: s.schedule for s in [*sweeps, *shared]}, "seeds": _seeds(args.seeds),
+                   "sources": {s.name: s.schedule for s in [*sweeps, *shared]},
+                   "corpus_tokens": {s.name: list(s.corpus) for s in [*sweeps, *shared]}, "seeds": _seeds(args.seeds),
                    "alpha": ALPHA, "family": list(family), "every_budget": args.every_budget, "comparisons": rows,
                    "waiting": waiting}
         (args.out / "summary.json").write_text(json.dumps(summary, indent=1, default=float) + "\n")

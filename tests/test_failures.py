@@ -111,13 +111,19 @@ def _chattr(flag: str, *paths) -> bool:
 
 
 @pytest.mark.slow  # two sweeps of one trial; `make test-full`
-@pytest.mark.parametrize("what", ["results.parquet", "trials"])
+@pytest.mark.parametrize("what", ["results.parquet", "trials", "a trial folder holding a damaged result.json"])
 def test_a_write_the_system_refuses_is_one_line_naming_the_path(tmp_path, data_cache, what):
-    """An immutable results table, or an immutable trials/ that a grown grid must add a folder
-    to: the rerun ends in one line naming the path and what to do; the finished trial is kept."""
+    """An immutable results table, an immutable trials/ that a grown grid must add a folder to,
+    or an immutable trial folder whose damaged result.json must be set aside: the rerun ends in
+    one line naming the path and what to do; the finished trial is kept."""
     first = sweep(tmp_path, data_cache, "init.gamma=0.5", "wandb.mode=disabled", "name=ro")
     assert first.returncode == 0, first.stderr[-3000:]
     target = tmp_path / "sweeps" / "ro" / what
+    named = target
+    if what.startswith("a trial folder"):
+        target = next((tmp_path / "sweeps" / "ro" / "trials").iterdir())
+        (target / "result.json").write_text("{")  # cut off: the driver sets it aside, renaming it in the folder
+        named = target / "result.json.corrupt-"
     if not _chattr("+i", target):
         pytest.skip("chattr +i needs root on a file system that has it")
     try:
@@ -126,7 +132,7 @@ def test_a_write_the_system_refuses_is_one_line_naming_the_path(tmp_path, data_c
         _chattr("-i", target)
     assert again.returncode == 1 and "Traceback" not in again.stderr, again.stderr[-3000:]
     last = again.stderr.strip().splitlines()[-1]
-    assert last.startswith(f"error: cannot write {target}") and "(Operation not permitted): make it writable" in last
+    assert last.startswith(f"error: cannot write {named}") and "(Operation not permitted): make it writable" in last
     assert last.endswith("rerun the same command; what finished is kept")
 
 

@@ -129,3 +129,20 @@ def test_a_family_of_leads_and_their_difference_reads_every_budget_of_two_wsd_sw
     assert differ["what"] == "lead under WSD in once − lead in again" and differ["words"] == ["larger in once", "larger in again"]
     assert differ["diffs"] == pytest.approx(np.array(rows[0]["diffs"]) - np.array(rows[1]["diffs"]))
     assert differ["mean"] == pytest.approx(0.05, abs=0.02)  # the lead is 0.05 in once, 0.10 in again
+
+
+def test_sweeps_on_two_corpora_pair_only_in_leads_differ():
+    """The whole corpus and a prefix of it (crossover_registry and its repeat): their leads are
+    compared; an interaction or an arm's difference across the two corpora is never formed."""
+    once = _sweep("once", "WSD", {"baseline": 4.5, "small": 4.45}, {"baseline": 2e-3, "small": 1e-3}, noise=0.01)
+    again = _sweep("again", "WSD", {"baseline": 4.4, "small": 4.30}, {"baseline": 2e-3, "small": 1e-3}, rng_seed=1,
+                   noise=0.01)
+    cosine = _sweep("cos_once", "cosine", {"baseline": 4.6, "small": 4.6}, {"baseline": 4e-3, "small": 2e-3}, noise=0.01,
+                    rng_seed=2)
+    for s, tokens in ((once, 53_241_418), (again, 2_701_352), (cosine, 53_241_418)):
+        s.runs["corpus_tokens"] = tokens
+    check_same([once, again, cosine])  # the corpus may differ; the model may not
+    rows, _ = comparisons([once, again, cosine], [], SEEDS, "baseline", "small",
+                          family=("lead", "leads_differ", "interaction", "sweeps_differ"), every_budget=True)
+    kinds = [(r["comparison"], r["a"]["label"], r["b"]["label"]) for r in rows if r["comparison"] != "lead"]
+    assert kinds == [("interaction", "once", "cos_once"), ("leads_differ", "once", "again")]
