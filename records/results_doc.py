@@ -71,11 +71,20 @@ sweep ran select-then-confirm, the lr is chosen on tuning seeds and only confirm
 compared. A summary whose comparisons carry no `p_holm` was judged before Holm's correction
 joined the rule, on the seeds that chose its lrs; its verdicts are shown as recorded.
 
+Records marked *retired* carry no provenance (docs/records_without_provenance.json: their
+commit, machine, packages and trial table were not recorded, and their sweeps were not kept), so
+no verdict is drawn from them here: their claims are shown as their reports printed them, for the
+history, and a rerun gives them verdicts again.
+
 Records marked *previous protocol* were run before this rule: one learning rate, 60-step budgets,
 and other verdict words ("not supported" then covered both a reversal and a null with 5+ seed
 pairs; "not enough data" a null with fewer). They are kept as they were recorded, not re-judged:
 their sweeps must be rerun under the new protocol.
 """
+RETIRED = ("> *Retired*: no verdict is drawn from this record: it names no commit, machine, packages or trial "
+           "table ({why}). Its claims below are shown as its report printed them. To give it verdicts, rerun it "
+           "under the current protocol (`python sweep.py -m +experiment={name}`, then `make report "
+           "SWEEP=sweeps/{name}`) and collect it with its provenance.")
 PREVIOUS_PROTOCOL = ("> *Previous protocol*: one learning rate, budgets of 81,920-122,880 tokens, and the old verdict "
                      "words (see the top of this page). Not rerun under the per-lr protocol yet; read its verdicts "
                      "as provisional.")
@@ -134,8 +143,11 @@ def _margin(m: dict | None) -> str:
     return f"{m['diff']:+.4f} [{m['lo']:+.4f}, {m['hi']:+.4f}]"
 
 
-def section(name: str, s: dict, reading: str | None, command: str | None = None, checks: str | None = None) -> str:
+def section(name: str, s: dict, reading: str | None, command: str | None = None, checks: str | None = None,
+            retired: str | None = None) -> str:
     out = [f"## {name}", "", "```", experiment_header(name), "```", ""]
+    if retired:
+        out += [RETIRED.format(why=_retired_why(retired), name=name), ""]
     commands = (command or f"python sweep.py -m +experiment={name}").splitlines()
     shown = ", then ".join(f"`{c.strip()}`" for c in commands if c.strip())
     out += [f"Command{'s' if len(commands) > 1 else ''}: {shown}, then `make report SWEEP=sweeps/{name}`.", ""]
@@ -292,8 +304,22 @@ def _pct(x) -> str:
     return "–" if x is None or not math.isfinite(x) else f"{100 * x:+.1f}%"
 
 
+def unstamped(docs: Path) -> dict[str, str]:
+    """Experiment name -> why its record has no provenance, for the records listed without one."""
+    path = docs / "records_without_provenance.json"
+    listed = json.loads(path.read_text())["records"] if path.is_file() else {}
+    return {Path(k).parent.name: v["reason"] for k, v in listed.items() if k.startswith("docs/results/")}
+
+
+def _retired_why(reason: str) -> str:
+    """The listed reason, less what the banner says already: why its sweep cannot be rebuilt."""
+    first = reason.split(";")[1].strip() if ";" in reason else reason
+    return first.split(". ")[0].rstrip(".")
+
+
 def render(docs: Path) -> str:
     parts = [HEADER]
+    retired = unstamped(docs)
     changes = docs / "results" / "changes.md"
     if changes.exists():  # hand-written, like the readings: what changed since the last record, and why
         parts += ["## What changed from the previous record", "", changes.read_text().strip(), ""]
@@ -304,9 +330,11 @@ def render(docs: Path) -> str:
             rows.append([name, "not run", "–", "–", "–"])
             continue
         s = merged(json.loads(path.read_text()), path.parent)
-        sections.append(section(name, s, *record_texts(path.parent)))
+        sections.append(section(name, s, *record_texts(path.parent), retired=retired.get(name)))
         shown = [c for c in s["claims"] if c["verdict"] not in ("not enough data", "not run") and not is_check(c)]
         verdicts = "; ".join(f"{c['claim']}: **{c['verdict']}**" for c in shown) or "nothing decided"
+        if name in retired:
+            verdicts = "retired: no provenance, no verdict drawn"
         rows.append([f"[{name}](#{name})", protocol_of(s), dtype_of(s),
                      f"{s['scale']['complete']} of {s['scale']['trials']}", verdicts])
     parts += ["## Summary", "", _table(["experiment", "protocol", "dtype", "complete trials", "verdicts"], rows),
