@@ -10,13 +10,17 @@ import pandas as pd
 import pytest
 import torch
 
-from smallinit.experiments.fits.crossover import crossover, paying_budget, preset_width
+from smallinit.experiments.fits.crossover import (
+    crossover,
+    paying_budget,
+    preset_width,
+    summary_dict,
+)
 from smallinit.experiments.fits.effective_size import (
     effective_size,
     fit_law,
     flops_per_token,
     non_embedding_params,
-    summary_dict,
 )
 from smallinit.model import AttnConfig, ModelConfig, Transformer
 from smallinit.model.config import llama_d_ff

@@ -25,7 +25,7 @@ from smallinit.core import provenance, trial_files
 from smallinit.core.trial_dir import TrialDir, unusable
 from smallinit.model import Transformer
 
-from .budget_forks import BudgetForks
+from .budget_forks import BudgetForks, hold, put_back
 from .checkpoint import save_checkpoint
 from .config import TrialConfig, flops_per_token
 from .distributed import Single
@@ -33,7 +33,7 @@ from .machine.compile_choice import RunCompiler
 from .machine.compile_choice import shape_key as compile_shape
 from .machine.host_memory import retain_freed_memory
 from .machine.precision import autocast_for, resolve_device, resolve_dtype
-from .observer import Observer
+from .observer import Measures, Observer
 from .reporting import JsonlReporter, MultiReporter, Reporter, Timer
 from .schedule import Branch, lr_at
 from .tasks import make_task
@@ -169,9 +169,11 @@ class LossMeter:
 class Trainer:
     """One trial's training. The constructor sets it up (folder, device, data, model, optimizer,
     the checkpoint it resumes from); fit() trains to the end and writes the result. The concerns
-    around the steps are parts of their own: `observer` (evaluation, probes, the reported rows,
-    trainer/observer.py) and `forks` (the budgets' cooldown branches, trainer/budget_forks.py);
-    checkpoints and the check that the folder is still this trial's are methods here."""
+    around the steps are parts of their own, each handed what it reads rather than the trainer:
+    `observer` (evaluation, probes, the reported rows, trainer/observer.py; the model and its
+    forward with each call) and `forks` (the budgets' plan, trainer/budget_forks.py; their side
+    trips are trained here, with the steps); checkpoints and the check that the folder is still
+    this trial's are methods here."""
 
     def __init__(self, trial: TrialConfig, folder: TrialDir, reporter: Reporter | None, log, prepared, dist,
                  identity: str):
@@ -187,7 +189,7 @@ class Trainer:
         self.autocast = autocast_for(self.device, self.precision.dtype)
         self.task = make_task(trial, log=log, prepared=prepared)
         self._build_model()
-        self.forks = BudgetForks(self)  # with budgets the main run is the largest budget's branch
+        self.forks = BudgetForks(t, trial.optim)  # with budgets the main run is the largest budget's branch
         best = self._resume()
         self.sync_every = _sync_every(self.device)
         jsonl = JsonlReporter(folder.metrics, resume_step=self.start if self.resumed else None) if dist.is_main else None
@@ -198,7 +200,8 @@ class Trainer:
         self.flops_tok, self.peak = flops_per_token(trial), peak_flops(trial, self.device)
         if dist.is_main:
             folder.probes.mkdir(exist_ok=True)
-        self.observer = Observer(self, best)
+        self.observer = Observer(Measures(t, self.total, dist, folder, self.report, self.task, self.device, self.autocast,
+                                          self.probe_idx), best)
 
     def fit(self) -> TrialResult:
         """Train steps start..total: each step, then whatever is due after it (a logged row with
@@ -208,13 +211,13 @@ class Trainer:
         self.t0, self.timer = time.perf_counter(), Timer()
         self.model.train()
         if self.start == 0:
-            self.observer.observe(0, {"tokens": 0})
+            self.observer.observe(0, {"tokens": 0}, self.model, self.fwd)
         meter = LossMeter(self.device, self.dist, self.start)
         grad_norm = torch.full((), float("nan"), device=self.device)
         self.interval_start = self.timer.elapsed
         try:
             if self.start > 0:
-                self.forks.fork(self.start)  # killed during a side trip: its checkpoint is the fork's stable state
+                self.take_side_trips(self.start)  # killed during a side trip: its checkpoint is the fork's stable state
             for step in range(self.start, self.total):
                 before = self.timer.elapsed
                 with self.timer:
@@ -230,10 +233,10 @@ class Trainer:
                 if row_due or ckpt_due or done % self.sync_every == 0:
                     meter.read(done)
                 if row_due:
-                    self.observer.observe(done, self.train_stats(done, lr, grad_norm, meter))
+                    self.observer.observe(done, self.train_stats(done, lr, grad_norm, meter), self.model, self.fwd)
                 if ckpt_due:
                     self.checkpoint(done)
-                self.forks.fork(done)
+                self.take_side_trips(done)
             per_token = self.save_final()
         finally:
             self.report.close()
@@ -286,6 +289,43 @@ class Trainer:
             note = f" (budgets done: {', '.join(str(b) for b in sorted(done))})" if done else ""
             log(f"resuming {self.identity} from step {self.start}/{self.total}{note}")
         return best
+
+    # ---- the budgets' side trips (trainer/budget_forks.py) ----
+
+    def take_side_trips(self, step: int) -> None:
+        """The budget branches that fork at step: each from the same stable state, put back after."""
+        todo = self.forks.due(step)
+        if not todo:
+            return
+        self.checkpoint(step)  # the stable state: a kill during a branch resumes from its fork
+        stable = hold(self.model, self.optimizer)
+        for branch in todo:
+            self._side_trip(branch)
+            put_back(self.model, self.optimizer, stable)
+
+    def _side_trip(self, branch: Branch) -> None:
+        """Train branch's cooldown from the stable state at its fork, evaluate it as the final
+        evaluation of a trial does, and write budgets/<tokens>.json."""
+        t = self.trial.train
+        b0, meter = time.perf_counter(), self.loss_meter(branch.fork)
+        for step in range(branch.fork, branch.steps):
+            lr = self.forks.lr(step, branch)
+            self.train_step(step, lr, meter.pending)
+            if (step + 1) % self.sync_every == 0 or step + 1 == branch.steps:
+                meter.read(step + 1)
+        metrics = self.observer.evaluate_branch({"train/loss": meter.loss_sum / (branch.cooldown * t.grad_accum),
+                                                 "train/lr": lr, "tokens": branch.steps * t.tokens_per_step},
+                                                self.model, self.fwd)
+        val, best = metrics.get("val/loss"), self.observer.best
+        wall = time.perf_counter() - b0
+        # best_val_loss: over the stable evaluations up to the fork and the branch's end.
+        result = self.result(branch.steps, metrics, best=min(v for v in (best, val) if v is not None) if val is not None else best,
+                             wall_s=wall, tokens_per_s=branch.cooldown * t.tokens_per_step / max(wall, 1e-9),
+                             budget_tokens=branch.tokens)
+        if self.dist.is_main:
+            self.folder.write_budget_result(branch.tokens, asdict(result))
+        self.forks.done.add(branch.tokens)
+        self.log(f"budget {branch.tokens:,} tokens: val loss {val} (cooldown steps {branch.fork}-{branch.steps}, {wall:.1f} s)")
 
     # ---- a step ----
 

@@ -32,6 +32,7 @@ from smallinit.experiments.fits.crossover import (
     paying_budget,
     preset_width,
     saddle_text,
+    summary_dict,
 )
 from smallinit.experiments.fits.effective_size import (
     BUDGET,
@@ -39,7 +40,6 @@ from smallinit.experiments.fits.effective_size import (
     effective_size,
     flops_per_token,
     non_embedding_params,
-    summary_dict,
 )
 from smallinit.experiments.output.figures import LOSS_Y, color_map, plt
 from smallinit.experiments.output.render import Block

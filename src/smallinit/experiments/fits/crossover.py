@@ -27,7 +27,7 @@ from scipy import stats as sps
 
 from smallinit.model.config import ModelConfig
 
-from .effective_size import LOSS, cell_seeds, json_float
+from .effective_size import LOSS, EffectiveSize, Law, cell_seeds, json_float
 
 WIDTH_RANGE, BUDGET_RANGE = (8.0, 1e6), (1e4, 1e13)
 GRID_POINTS = 4001
@@ -205,3 +205,32 @@ def preset_width(name: str = "0.1b") -> int:
         raise ValueError(f"model preset {name!r} has no conf/model/{name}.yaml: one of {have}")
     conf = yaml.safe_load(path.read_text()) or {}
     return int(conf.get("d_model") or ModelConfig.preset(conf.get("preset", name)).d_model)
+
+
+# The summary's blocks here rather than in effective_size.py: they read a Crossover too, and this
+# module imports that one.
+def summary_dict(es: EffectiveSize, co: Crossover | None = None, preset: str | None = None,
+                 pays_at: Crossing | None = None) -> dict:
+    """The `effective_size` and `crossover` blocks of summary.json (JSON-able: inf/nan -> None);
+    pays_at: crossover.paying_budget(co, preset_width(preset)), shown under `pays_at_preset`."""
+    def law(f: Law | None):
+        return {k: json_float(v) for k, v in f.params().items()} if f else None
+
+    block = dict(status=es.status, reasons=es.reasons, n="non-embedding parameters", baseline_cells=es.baseline_cells,
+                 fit=law(es.fit), fit_total_n=law(es.fit_total), n_boot=es.n_boot, interval="seed bootstrap, 95% percentile",
+                 null="an unbounded value or interval end (see reasons), or no bootstrap (n_boot 0)",
+                 compute="6 (N + d V) + 12 L d T per token, at the recipe's budget D", cells=[
+                     dict(d_model=c.d_model, n_layers=c.n_layers, budget_tokens=json_float(c.budget_tokens),
+                          n_nonembed=json_float(c.n_nonembed), loss=json_float(c.loss), seeds=c.seeds,
+                          n_eff_ratio=json_float(c.n_eff_ratio), n_eff_ratio_ci=[json_float(v) for v in c.n_eff_ratio_ci],
+                          compute_multiplier=json_float(c.compute_multiplier),
+                          compute_multiplier_ci=[json_float(v) for v in c.compute_multiplier_ci],
+                          n_eff_ratio_total_n=json_float(c.n_eff_ratio_total),
+                          p_not_smaller=json_float(c.p_not_smaller), p_not_larger=json_float(c.p_not_larger))
+                     for c in es.cells])
+    out = dict(effective_size=block)
+    if co is not None:
+        out["crossover"] = co.as_dict()
+        if pays_at is not None:
+            out["crossover"]["pays_at_preset"] = dict(preset=preset, d_model=int(pays_at.at), **pays_at.as_dict())
+    return out

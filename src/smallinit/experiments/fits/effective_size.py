@@ -40,7 +40,6 @@ import contextlib
 import itertools
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -48,9 +47,6 @@ from scipy import optimize
 
 from smallinit.core import results_schema as schema
 from smallinit.core.flops import training_flops_per_token
-
-if TYPE_CHECKING:  # crossover.py imports this module
-    from .crossover import Crossing, Crossover
 
 try:  # L-BFGS-B's 5-parameter steps call OpenBLAS, whose threads spin against each other on a
     # busy 2-core machine (2.3 s against 0.18 s per start, measured); one thread is plenty.
@@ -335,30 +331,3 @@ def _degenerate(fit: Law, cells: list[Cell]) -> list[str]:
             reasons.append(f"{where}: the interval of N_eff/N is unbounded above (in some resamples the "
                            "recipe's loss is below the refit's floor E + B D^-beta, or alpha <= 0)")
     return reasons
-
-
-def summary_dict(es: EffectiveSize, co: Crossover | None = None, preset: str | None = None,
-                 pays_at: Crossing | None = None) -> dict:
-    """The `effective_size` and `crossover` blocks of summary.json (JSON-able: inf/nan -> None);
-    pays_at: crossover.paying_budget(co, preset_width(preset)), shown under `pays_at_preset`."""
-    def law(f: Law | None):
-        return {k: json_float(v) for k, v in f.params().items()} if f else None
-
-    block = dict(status=es.status, reasons=es.reasons, n="non-embedding parameters", baseline_cells=es.baseline_cells,
-                 fit=law(es.fit), fit_total_n=law(es.fit_total), n_boot=es.n_boot, interval="seed bootstrap, 95% percentile",
-                 null="an unbounded value or interval end (see reasons), or no bootstrap (n_boot 0)",
-                 compute="6 (N + d V) + 12 L d T per token, at the recipe's budget D", cells=[
-                     dict(d_model=c.d_model, n_layers=c.n_layers, budget_tokens=json_float(c.budget_tokens),
-                          n_nonembed=json_float(c.n_nonembed), loss=json_float(c.loss), seeds=c.seeds,
-                          n_eff_ratio=json_float(c.n_eff_ratio), n_eff_ratio_ci=[json_float(v) for v in c.n_eff_ratio_ci],
-                          compute_multiplier=json_float(c.compute_multiplier),
-                          compute_multiplier_ci=[json_float(v) for v in c.compute_multiplier_ci],
-                          n_eff_ratio_total_n=json_float(c.n_eff_ratio_total),
-                          p_not_smaller=json_float(c.p_not_smaller), p_not_larger=json_float(c.p_not_larger))
-                     for c in es.cells])
-    out = dict(effective_size=block)
-    if co is not None:
-        out["crossover"] = co.as_dict()
-        if pays_at is not None:
-            out["crossover"]["pays_at_preset"] = dict(preset=preset, d_model=int(pays_at.at), **pays_at.as_dict())
-    return out

@@ -207,7 +207,7 @@ def compare(a: pd.DataFrame, b: pd.DataFrame, value: str, pair_cols=SEED_COLS, c
         if edges:
             c.edge_behind = f"the side behind ({side}) is at the edge of its grid: {'; '.join(edges)}"
     if curve:
-        valnoise.attach(c, (a, b), (1, -1), value, pair_cols)
+        _attach_valnoise(c, (a, b), (1, -1), value, pair_cols)
     return _roles(c, (a, b))
 
 
@@ -248,7 +248,7 @@ def interaction(a1: pd.DataFrame, b1: pd.DataFrame, a0: pd.DataFrame, b0: pd.Dat
         if edges and c.status in (A_HIGHER, A_LOWER):
             # Any of the four cells at its grid's edge could move the contrast either way.
             c.edge_behind = f"a cell is at the edge of its lr grid: {'; '.join(edges)}"
-        valnoise.attach(c, frames, (1, -1, -1, 1), value, pair_cols)
+        _attach_valnoise(c, frames, (1, -1, -1, 1), value, pair_cols)
     return _roles(c, frames)
 
 
@@ -369,3 +369,12 @@ def largest_excluded(comparisons: list[Comparison]) -> float | None:
     xs = [c.excluded for c in _nulls(comparisons) if math.isfinite(c.excluded)]
     return max(xs) if xs else None
 
+
+def _attach_valnoise(c: Comparison, frames, weights, value: str, pair_cols) -> Comparison:
+    """(valnoise.py) Fill c's val_se, seed_se, val_ratio, ci_boot and val_windows (left None where not measurable)."""
+    if not c.paired or c.n < 2:
+        return c
+    v = valnoise.for_contrast(frames, weights, value, pair_cols)
+    if v is not None:
+        c.val_se, c.seed_se, c.val_ratio, c.ci_boot, c.val_windows = v.val_se, v.seed_se, v.ratio, v.ci_boot, v.windows
+    return c

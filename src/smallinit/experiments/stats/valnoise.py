@@ -32,16 +32,12 @@ import hashlib
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
 from smallinit.core.trial_dir import TrialDir
 from smallinit.experiments.data.load import read_per_token
-
-if TYPE_CHECKING:
-    from .stats import Comparison
 
 N_BOOT = 2000
 BOOT_SEED = 0
@@ -159,16 +155,6 @@ def for_contrast(frames, weights, value: str, pair_cols) -> ValNoise | None:
     d = sum(wt * m.loc[shared].to_numpy(float) for wt, m in zip(weights, means))
     e = sum(wt * np.stack([cell[1] for cell in w]) for wt, w in zip(weights, windows))
     return measure(d, e, cells[0][2])
-
-
-def attach(c: Comparison, frames, weights, value: str, pair_cols) -> Comparison:
-    """Fill c's val_se, seed_se, val_ratio, ci_boot and val_windows (left None where not measurable)."""
-    if not c.paired or c.n < 2:
-        return c
-    v = for_contrast(frames, weights, value, pair_cols)
-    if v is not None:
-        c.val_se, c.seed_se, c.val_ratio, c.ci_boot, c.val_windows = v.val_se, v.seed_se, v.ratio, v.ci_boot, v.windows
-    return c
 
 
 # --- the record's sentence -----------------------------------------------------------------------
