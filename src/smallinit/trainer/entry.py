@@ -19,17 +19,18 @@ from .config import TrialConfig
 from .loop import finished_result, run_trial
 
 
-def train_trial(trial: TrialConfig, out_dir: Path | str, identity: str, *, fit: Callable[[], dict[str, Any]] | None = None,
-                set_aside_damaged: bool = False, world: int = 1, log: Callable[..., None] = print,
-                **run: Any) -> dict[str, Any]:
+def train_trial(trial: TrialConfig, out_dir: Path | str, identity: str, *,
+                fit: Callable[[], dict[str, Any] | None] | None = None, set_aside_damaged: bool = False,
+                world: int = 1, log: Callable[..., None] = print, **run: Any) -> dict[str, Any] | None:
     """Train trial `identity` into out_dir and return its result (result.json's fields).
 
     Holds the folder's trial.lock throughout (a second trainer gets TrialBusy at once). A
     result.json that cannot be reported is set aside and the trial trains again where
     `set_aside_damaged` (a sweep: its driver has said so already), else read_result raises
     DamagedFile (a single run: its user decides). A finished result of this trial is returned
-    as it is, another trial's is ForeignFolder (`world`: the trial's worker count, for that line). Else `fit()` trains (a sweep's trial of several
-    workers, its output in the trial's log), or run_trial in this process with `run`'s arguments."""
+    as it is, another trial's is ForeignFolder (`world`: the trial's worker count, for that
+    line). Else `fit()` trains (a sweep's attempt, its output in the trial's log and its
+    failure recorded: None then), or run_trial in this process with `run`'s arguments."""
     folder = TrialDir(out_dir)
     folder.path.mkdir(parents=True, exist_ok=True)
     with trial_lock(folder.lock):
