@@ -146,14 +146,14 @@ def _margin(m: dict | None) -> str:
 def section(name: str, s: dict, reading: str | None, command: str | None = None, checks: str | None = None,
             retired: str | None = None) -> str:
     out = [f"## {name}", "", "```", experiment_header(name), "```", ""]
-    if retired:
+    if retired is not None:
         out += [RETIRED.format(why=_retired_why(retired), name=name), ""]
     commands = (command or f"python sweep.py -m +experiment={name}").splitlines()
     shown = ", then ".join(f"`{c.strip()}`" for c in commands if c.strip())
     out += [f"Command{'s' if len(commands) > 1 else ''}: {shown}, then `make report SWEEP=sweeps/{name}`.", ""]
     sc = s["scale"]
     states = ", ".join(f"{v} {k.lower()}" for k, v in sc["states"].items())
-    if not is_current(s):
+    if retired is None and not is_current(s):  # a retired record's banner says more than "provisional"
         out += [PREVIOUS_PROTOCOL, ""]
     elif protocol_of(s) == "one lr":
         out += [ONE_LR, ""]

@@ -84,7 +84,7 @@ class Sweep:
 
 
 def same_corpus(a: Sweep, b: Sweep) -> bool:
-    return a.corpus == b.corpus
+    return a.corpus == b.corpus or not a.corpus or not b.corpus  # a table without the column: as before, not held
 
 
 def load(path: Path, arm: str | None = None) -> Sweep:
@@ -106,9 +106,10 @@ def load(path: Path, arm: str | None = None) -> Sweep:
     return Sweep(path.name, SCHEDULE_NAMES.get(schedules[0], schedules[0]), runs)
 
 
-def check_same(sweeps: list[Sweep]) -> None:
-    """One line naming the sweeps and the column where two sweeps trained different models or data."""
-    for col in SAME:
+def check_same(sweeps: list[Sweep], corpora_may_differ: bool = False) -> None:
+    """One line naming the sweeps and the column where two sweeps trained different models or data
+    (the corpus may differ only where the rule compares leads across corpora: leads_differ)."""
+    for col in (*SAME, *(() if corpora_may_differ else (CORPUS,))):
         values = {s.name: sorted(set(s.runs[col].astype(str))) for s in sweeps if col in s.runs and len(s.runs)}
         if len({tuple(v) for v in values.values()}) > 1:
             raise SystemExit(f"error: the sweeps differ in {col} ({values}): their runs do not pair")
@@ -279,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--family={args.family!r} is invalid: comma-separated kinds of {sorted(KINDS)}")
     paths = [*args.sweeps, *args.shared]
     sweeps, shared = [load(p) for p in args.sweeps], [load(p, arm=args.recipe) for p in args.shared]
-    check_same([*sweeps, *shared])
+    check_same([*sweeps, *shared], corpora_may_differ="leads_differ" in family)
     rows, waiting = comparisons(sweeps, shared, _seeds(args.seeds), args.baseline, args.recipe, family, args.every_budget)
     judge(rows)
     command = (f"python -m records.whole_runs {' '.join(p.name for p in args.sweeps)}"

@@ -204,6 +204,8 @@ def test_a_folder_with_files_but_no_mark_of_a_sweep_is_refused_and_left_as_it_wa
                             "name=... or hydra.sweep.dir=... (nothing was written)")
     assert sorted(p.name for p in theirs.iterdir()) == ["a.txt", "b", "c", "d", "e", "f"]
     (tmp_path / "empty").mkdir()
+    for hidden in (".gitkeep", ".nfs0000001", "lost+found"):  # not a user's files: the folder counts as empty
+        (tmp_path / "empty" / hidden).mkdir() if hidden == "lost+found" else (tmp_path / "empty" / hidden).write_text("")
     for folder, mark in ((tmp_path / "empty", None), (theirs, "trials"), (theirs, "fixed_overrides.json")):
         if mark:
             (theirs / mark).mkdir() if mark == "trials" else (theirs / mark).write_text("{}")

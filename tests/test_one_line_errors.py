@@ -189,3 +189,5 @@ def test_a_damaged_sweep_record_is_named_and_the_report_reads_the_trials_without
         f"{sweep / 'protocol.json'} is unreadable (not a JSON object): this report leaves out the select-then-confirm "
         "choices' command; the sweep's command names the file and what to do"]
     assert len(loaded.complete) == len(load([tiny_sweep]).complete)  # every trial still read
+    from smallinit.experiments.report.findings import _protocol_record
+    assert _protocol_record(loaded) == {}  # the report's command lines read it as no record

@@ -71,3 +71,26 @@ def test_descendants_walks_the_tree_below_the_roots_only():
     procs = {1: (0, 10), 2: (1, 20), 3: (2, 30), 4: (1, 40), 5: (3, 50)}
     assert reaper.descendants([2], procs) == {2: 20, 3: 30, 5: 50}
     assert reaper.descendants([9], procs) == {}
+
+
+def test_a_zombie_is_not_alive_so_the_reaper_does_not_wait_on_it():
+    """A tagged child that exited but is not reaped yet: the tag search never saw it (its
+    environ reads empty); the recorded family must not keep it either, or stop_all would spin
+    to GIVE_UP_S signalling a process that has ended."""
+    marker = f"SMALLINIT_TEST_TAG={uuid.uuid4().hex}"
+    var, value = marker.split("=")
+    child = subprocess.Popen(["sleep", "60"], env={**os.environ, var: value})
+    try:
+        family = reaper.Family(marker.encode())
+        family.record()
+        assert child.pid in family.seen
+        os.kill(child.pid, signal.SIGKILL)
+        deadline = time.time() + 5
+        while _alive(child.pid) and time.time() < deadline:  # a zombie until this process waits on it
+            time.sleep(0.05)
+        started = time.monotonic()
+        reaper.stop_all(family)
+        assert family.alive() == [] and time.monotonic() - started < 3
+    finally:
+        child.kill()
+        child.wait()

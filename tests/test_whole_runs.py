@@ -141,7 +141,9 @@ def test_sweeps_on_two_corpora_pair_only_in_leads_differ():
                     rng_seed=2)
     for s, tokens in ((once, 53_241_418), (again, 2_701_352), (cosine, 53_241_418)):
         s.runs["corpus_tokens"] = tokens
-    check_same([once, again, cosine])  # the corpus may differ; the model may not
+    with pytest.raises(SystemExit, match=r"^error: the sweeps differ in corpus_tokens"):
+        check_same([once, again, cosine])  # a rule that compares no leads across corpora pairs one corpus only
+    check_same([once, again, cosine], corpora_may_differ=True)  # leads_differ: the corpus may differ, the model not
     rows, _ = comparisons([once, again, cosine], [], SEEDS, "baseline", "small",
                           family=("lead", "leads_differ", "interaction", "sweeps_differ"), every_budget=True)
     kinds = [(r["comparison"], r["a"]["label"], r["b"]["label"]) for r in rows if r["comparison"] != "lead"]

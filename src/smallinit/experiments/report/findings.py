@@ -200,9 +200,10 @@ def _protocol_record(sweep: Sweep) -> dict | None:
     if not any(p.exists() for p in paths):
         return None
     try:
-        return json.loads(next(p for p in paths if p.exists()).read_text())
+        record = json.loads(next(p for p in paths if p.exists()).read_text())
     except (OSError, json.JSONDecodeError):
         return {}
+    return record if isinstance(record, dict) else {}  # damaged: named by load's damaged_records
 
 
 def _protocol_command(sweep: Sweep, record: dict) -> tuple[str | None, str]:

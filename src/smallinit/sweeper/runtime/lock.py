@@ -35,7 +35,10 @@ SWEEP_MARKS = (LOCK_FILE, "fixed_overrides.json", "trials", "optuna.db", "result
 def check_sweep_folder(sweep_dir: Path) -> None:
     """Refuse a folder that holds files and no mark of a sweep, before anything is written."""
     try:
-        names = sorted(os.listdir(sweep_dir)) if sweep_dir.is_dir() else []
+        # Hidden files (.gitkeep, .DS_Store, NFS's .nfsXXXX of an unlinked lock) and a fresh file
+        # system's lost+found are not a user's files.
+        names = sorted(n for n in os.listdir(sweep_dir) if not n.startswith(".") and n != "lost+found") \
+            if sweep_dir.is_dir() else []
     except OSError:
         return  # unreadable: acquire's first write names it
     if names and not set(names) & set(SWEEP_MARKS):

@@ -48,7 +48,8 @@ def tagged(marker: bytes) -> list[int]:
 
 
 def processes() -> dict[int, tuple[int, int]]:
-    """pid -> (parent pid, start time in clock ticks since boot), from /proc/PID/stat."""
+    """pid -> (parent pid, start time in clock ticks since boot), from /proc/PID/stat, for the
+    living: a zombie has ended (its parent has not reaped it yet) and no signal reaches it."""
     out = {}
     for name in os.listdir("/proc"):
         if not name.isdigit():
@@ -58,7 +59,8 @@ def processes() -> dict[int, tuple[int, int]]:
                 fields = f.read().rsplit(b")", 1)[1].split()  # the name in parentheses may hold spaces
         except (OSError, IndexError):
             continue
-        out[int(name)] = (int(fields[1]), int(fields[19]))
+        if fields[0] not in (b"Z", b"X"):
+            out[int(name)] = (int(fields[1]), int(fields[19]))
     return out
 
 
