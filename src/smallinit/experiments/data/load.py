@@ -29,6 +29,7 @@ from smallinit.core import results_schema as schema
 from smallinit.core.errors import first_line
 from smallinit.core.trial_dir import TrialDir, unusable
 
+from .sweep_records import damaged_records
 from .tuning import OPTIM_COLS, Tuning, tune
 
 
@@ -178,7 +179,7 @@ def load(dirs: list[Path], metric: str = LOSS, budgets: str = "all") -> Sweep:
     if results.empty:
         raise ReportError(f"{', '.join(str(d) for d in dirs)}: results.parquet has no trials")
     left_out = _hold_to_their_files(results)
-    damaged = _damaged_records(dirs)
+    damaged = damaged_records(dirs)
     if budgets == "largest" and has_branches(results):
         largest = results.groupby(schema.TRIAL_IDENTITY)[schema.BUDGET_TOKENS].transform("max")
         keep = results[schema.BUDGET_TOKENS].isna() | largest.isna() | (results[schema.BUDGET_TOKENS] == largest)
@@ -222,32 +223,6 @@ def load(dirs: list[Path], metric: str = LOSS, budgets: str = "all") -> Sweep:
                           "(select-then-confirm: rerun the sweep's command to run the confirm stage)")
     return Sweep(dirs=list(dirs), results=results, complete=tuned.reset_index(drop=True), setting_cols=setting_cols,
                  tuning=tuning, left_out=left_out, damaged_records=damaged)
-
-
-# A sweep folder's own records the report reads (the sweeper writes them; the report gives the
-# command that repeats a sweep from them): what is lost where one cannot be read.
-SWEEP_RECORDS = {"fixed_overrides.json": "the command that repeats the sweep",
-                 "protocol.json": "the select-then-confirm choices' command"}
-
-
-def _damaged_records(dirs: list[Path]) -> list[str]:
-    """One line per sweep record that exists but is not a JSON object: the sweep refuses to run on
-    it, naming it; the report goes on without what it gave, and says so."""
-    lines = []
-    for d in dirs:
-        for name, gives in SWEEP_RECORDS.items():
-            path = Path(d) / name
-            if not path.exists():
-                continue
-            try:
-                ok = isinstance(json.loads(path.read_text()), dict)
-                why = "not a JSON object"
-            except (OSError, ValueError) as e:
-                ok, why = False, ("empty" if path.is_file() and path.stat().st_size == 0 else first_line(e))
-            if not ok:
-                lines.append(f"{path} is unreadable ({why}): this report leaves out {gives}; the sweep's command "
-                             "names the file and what to do")
-    return lines
 
 
 def _hold_to_their_files(results: pd.DataFrame) -> list[str]:

@@ -6,7 +6,6 @@ that runs it, and how the claims came out.
 
 from __future__ import annotations
 
-import json
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +16,7 @@ from scipy.stats import t as student_t
 
 from smallinit.experiments.claims.claims import VERDICT, Claim
 from smallinit.experiments.data.load import LOSS, Sweep
+from smallinit.experiments.data.sweep_records import read_record
 from smallinit.experiments.stats.stats import (
     A_HIGHER,
     A_LOWER,
@@ -182,11 +182,8 @@ def _fixed_overrides(sweep: Sweep, params: dict, skip: tuple[str, ...]) -> list[
     key sampled from an interval (no grid to repeat)."""
     if len(sweep.dirs) != 1 or any(len(v) > GRID_MAX_VALUES for k, v in params.items() if k not in skip):
         return None
-    record = Path(sweep.dirs[0]) / "fixed_overrides.json"
-    try:  # a damaged record (the sweep refuses to run on it, naming it): no command to repeat
-        fixed = json.loads(record.read_text()).get("fixed", {}) if record.exists() else None
-    except (OSError, ValueError, AttributeError):
-        return None
+    record, _ = read_record(sweep.dirs[0], "fixed_overrides.json")  # a damaged one: named by load, no command
+    fixed = (record or {}).get("fixed")
     return list(fixed.values()) if isinstance(fixed, dict) else None
 
 
@@ -196,14 +193,13 @@ def _command(args: list[str], sweep: Sweep) -> str:
 
 
 def _protocol_record(sweep: Sweep) -> dict | None:
-    paths = [Path(d) / PROTOCOL_RECORD for d in sweep.dirs]
-    if not any(p.exists() for p in paths):
-        return None
-    try:
-        record = json.loads(next(p for p in paths if p.exists()).read_text())
-    except (OSError, json.JSONDecodeError):
-        return {}
-    return record if isinstance(record, dict) else {}  # damaged: named by load's damaged_records
+    """The first folder's protocol.json that exists: None where none has one, {} where it is damaged
+    (load names it)."""
+    for d in sweep.dirs:
+        record, why = read_record(d, PROTOCOL_RECORD)
+        if record is not None or why is not None:
+            return record or {}
+    return None
 
 
 def _protocol_command(sweep: Sweep, record: dict) -> tuple[str | None, str]:
