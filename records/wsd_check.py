@@ -31,7 +31,8 @@ ARM = "param.arm"  # the arm's name, where the sweeps swept one (matched too, an
 def _complete(sweep: Path) -> pd.DataFrame:
     path = sweep / "results.parquet"
     if not path.is_file():
-        raise SystemExit(f"error: {path} is missing: run that sweep's command first")
+        raise SystemExit(f"error: {path} is missing: its sweep has not written its table yet (a sweep writes it "
+                         "when its command ends or is stopped)")
     df = pd.read_parquet(path)
     df = df.assign(**{LOSS: pd.to_numeric(df[LOSS], errors="coerce")})  # all empty while a sweep's first trials run
     df = df[(df["state"] == "COMPLETE") & np.isfinite(df[LOSS])]
