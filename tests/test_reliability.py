@@ -138,14 +138,17 @@ def test_hundreds_of_tiny_trials_finish_with_flat_driver_memory(tmp_path, data_c
             status = Path(f"/proc/{driver.pid}/status").read_text()
         except FileNotFoundError:
             break
-        rss = int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmRSS:")))
+        rss = next((int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:")), None)
+        if rss is None:  # the driver has exited and is not yet reaped: a zombie has no memory lines
+            continue
         samples.append((len(list(trials.glob("*/result.json"))), rss))
-        time.sleep(2)
+        # Trials this tiny finish ~10 a second: a slower sampler can step over a whole window.
+        time.sleep(0.2)
     assert driver.returncode == 0, driver.stderr.read()[-3000:]
     assert len(pd.read_parquet(tmp_path / "sweeps" / "many" / "results.parquet")) == 200
     early = [rss for n, rss in samples if 30 <= n <= 60]
-    late = [rss for n, rss in samples if n >= 170]
-    assert early and late
+    late = [rss for n, rss in samples if n >= 150]
+    assert early and late, sorted({n for n, _ in samples})
     # Flat: the driver holds no per-trial state that grows (allow 25% for allocator noise).
     assert max(late) < 1.25 * max(early), (max(early) / 1024, max(late) / 1024)  # MB
 
