@@ -158,6 +158,24 @@ def test_identity_ignores_hardware_and_paths(trial_config):
     b = trial_config("train.threads=2", "train.device=cpu", "data.cache_dir=/elsewhere")
     c = trial_config("init.gamma=0.5")
     assert a.identity() == b.identity() != c.identity()
+    assert trial_config("train.keep_weights=false").identity() == a.identity()
+
+
+def test_a_trial_that_keeps_no_weights_is_finished_without_them(trial_config, tmp_path):
+    """train.keep_weights=false: no model.pt, none listed in result.json, so the folder's small
+    files alone are a finished trial (a rerun trains nothing); export says why it cannot."""
+    from smallinit.trainer.export import export
+
+    trial = trial_config("train.keep_weights=false")
+    result = run_trial(trial, tmp_path / "t", log=lambda *_: None)
+    folder = TrialDir(tmp_path / "t")
+    assert not folder.model_weights.exists() and "model.pt" not in folder.read_result()["files"]
+    assert folder.changed_files() == {}
+    before = (tmp_path / "t" / "metrics.jsonl").stat().st_mtime_ns
+    assert run_trial(trial, tmp_path / "t", log=lambda *_: None).final_val_loss == result.final_val_loss
+    assert (tmp_path / "t" / "metrics.jsonl").stat().st_mtime_ns == before
+    with pytest.raises(ConfigError, match="train.keep_weights=false, so it kept no weights to export"):
+        export(tmp_path / "t", tmp_path / "hf")
 
 
 def test_model_vocab_follows_the_data(compose):

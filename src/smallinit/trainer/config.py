@@ -98,6 +98,10 @@ class TrainConfig:
     probe_every: int = 25  # steps between probes (0 disables)
     probe_batch: int = 2  # sequences the activation probes see
     ckpt_every: int = 50  # steps between checkpoints (0 = only at the end)
+    # false: the finished trial keeps no model.pt. A long record whose losses are its result
+    # then keeps its finished trials in a few KB each, small enough to carry between machines
+    # (records/keep.py); export needs the weights. Storage: not in the identity.
+    keep_weights: bool = True
     device: str = "auto"  # auto | cpu | cuda
     # auto: bf16 autocast on CUDA and on CPUs with fast bf16 matmuls, else fp32 (trainer/machine/precision.py).
     dtype: str = "auto"
@@ -167,6 +171,7 @@ class TrainConfig:
         # Hydra hands `train.compile=true` over as a boolean, which the str field holds as "True".
         object.__setattr__(self, "compile", str(self.compile).strip().lower())
         require(self.compile in COMPILE_MODES, "train.compile", self.compile, f"one of {list(COMPILE_MODES)}")
+        require(isinstance(self.keep_weights, bool), "train.keep_weights", self.keep_weights, "true or false")
         require(self.parallel in PARALLEL, "train.parallel", self.parallel, f"one of {list(PARALLEL)}")
         require(self.threads is None or self.threads > 0, "train.threads", self.threads, "must be > 0 or null")
         require(self.max_epochs is None or (isinstance(self.max_epochs, int | float) and self.max_epochs > 0),
@@ -230,7 +235,8 @@ class TrialConfig:
 
     def identity(self, workers: int = 1) -> str:
         """Hash of what determines the trial's numbers. Hardware, paths, logging and guards
-        (device, threads, compile, parallel, cache_dir, peak_tflops, log_every, max_epochs) are
+        (device, threads, compile, parallel, cache_dir, peak_tflops, log_every, max_epochs,
+        keep_weights) are
         left out: the same trial on another machine, logged more densely or allowed more passes,
         is the same trial. The worker count that trains it (ray.workers_per_trial, or the one
         ray.fit_device_gib chose) is in when above 1: the all-reduce sums the gradient in
@@ -240,7 +246,7 @@ class TrialConfig:
         d = self.to_dict()
         if workers > 1:
             d["workers"] = workers
-        for key in ("device", "threads", "compile", "parallel", "peak_tflops", "log_every", "max_epochs"):
+        for key in ("device", "threads", "compile", "parallel", "peak_tflops", "log_every", "max_epochs", "keep_weights"):
             d["train"].pop(key, None)
         d["data"].pop("cache_dir", None)
         if not d["data"].get("val_paths"):  # added later: trials run on token files before keep their identity

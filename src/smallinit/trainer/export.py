@@ -111,7 +111,10 @@ def export(trial_dir: Path, out_dir: Path, tokenizer: Path | None = None, overwr
     if not isinstance(record, dict) or not isinstance(record.get("config"), dict):
         raise ConfigError(f"{folder.trial_json} holds no trial config: restore it before exporting")
     if not folder.model_weights.is_file():
-        raise ConfigError(f"{folder.model_weights} does not exist: the trial has not finished")
+        kept_none = record["config"].get("train", {}).get("keep_weights") is False
+        raise ConfigError(f"{folder.model_weights} does not exist: " + (
+            "the trial trained with train.keep_weights=false, so it kept no weights to export" if kept_none
+            else "the trial has not finished"))
     changed = {n: why for n, why in folder.changed_files(weights=True).items()
                if n in (folder.trial_json.name, folder.model_weights.name)}
     if changed:  # held against what the finished trial listed in result.json (core/trial_files.py)

@@ -396,14 +396,15 @@ class Trainer:
     def save_final(self) -> bool:
         """The main run's (largest budget's) per-token losses, and its final weights, kept for
         later analysis without the optimizer state, which is twice their size and only ever
-        needed to resume. Returns whether per-token losses were written."""
+        needed to resume (the weights only with train.keep_weights). Returns whether per-token
+        losses were written."""
         self.check_folder()
         dist, folder = self.dist, self.folder
         whole = dist.full_model(self.model)
         per_token = self.task.per_token_losses(whole.eval(), self.device, self.autocast) if dist.is_main else {}
         if per_token:
             np.savez_compressed(folder.per_token_losses, **per_token)
-        if dist.is_main:
+        if dist.is_main and self.trial.train.keep_weights:
             save_checkpoint(folder.model_weights, {"identity": self.identity, "step": self.total, "model": whole.state_dict()})
         return bool(per_token)
 
