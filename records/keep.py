@@ -28,9 +28,12 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import sqlite3
 import sys
 import tarfile
+import tempfile
 import time
+from contextlib import closing
 from pathlib import Path
 
 from smallinit.core import provenance
@@ -41,8 +44,10 @@ from smallinit.core.trial_files import WEIGHTS, kept
 
 MANIFEST = "keep.json"  # inside the .tgz only; never written into the sweep folder
 TRIAL_RECORDS = ("result.json", "failure.json", "placement.json", "trial.log")
-# Top-level files a sweep driver holds only while it runs, or writes as temporaries.
+# Top-level files a sweep driver holds only while it runs, or SQLite's own (the study is carried
+# as one consistent copy).
 NOT_CARRIED = {"driver.lock"}
+NOT_CARRIED_SUFFIXES = ("-journal", "-wal", "-shm")
 
 
 def _finished(folder: TrialDir) -> tuple[str, str | None]:
@@ -70,7 +75,8 @@ def plan(sweep: Path) -> dict:
     if not sweep.is_dir() or not (trials_root.is_dir() or (sweep / "optuna.db").is_file()):
         raise ConfigError(f"SWEEP={sweep} is invalid: not a sweep folder (no {TRIALS_FOLDER}/ or optuna.db)")
     top = sorted(p.name for p in sweep.iterdir()
-                 if p.is_file() and p.name not in NOT_CARRIED and not p.name.startswith("."))
+                 if p.is_file() and p.name not in NOT_CARRIED and not p.name.endswith(NOT_CARRIED_SUFFIXES)
+                 and not p.name.startswith("."))
     out: dict = {"top": top, "trials": {}, "finished": [], "failed": [], "left": []}
     bad = []
     for path in sorted(trials_root.iterdir()) if trials_root.is_dir() else []:
@@ -124,6 +130,18 @@ def pack(sweep: Path, out: Path) -> dict:
                 "finished": what["finished"], "failed": what["failed"], "left": what["left"]}
 
     def add(tar: tarfile.TarFile, path: Path, name: str) -> None:
+        if path.suffix == ".db":  # the driver may be writing the study: carry a consistent copy
+            with tempfile.TemporaryDirectory() as tmp:
+                copy = Path(tmp) / path.name
+                with closing(sqlite3.connect(path)) as src, closing(sqlite3.connect(copy)) as dst:
+                    src.backup(dst)
+                info = tar.gettarinfo(str(copy), arcname=name)
+                info.mtime = int(path.stat().st_mtime)
+                info.uid = info.gid = 0
+                info.uname = info.gname = ""
+                with open(copy, "rb") as f:
+                    tar.addfile(info, f)
+            return
         info = tar.gettarinfo(str(path), arcname=name)
         info.uid = info.gid = 0
         info.uname = info.gname = ""

@@ -4,6 +4,8 @@ and neither side writes over what it did not write."""
 from __future__ import annotations
 
 import json
+import shutil
+import sqlite3
 import tarfile
 
 import pytest
@@ -17,9 +19,11 @@ from .conftest import TINY_SWEEP, StopAt, run_cli
 
 
 @pytest.fixture
-def sweep(trial_config, tmp_path):
-    """A sweep folder: one finished trial, one interrupted mid-run, a protocol and a driver lock."""
+def sweep(trial_config, tmp_path, empty_study_db):
+    """A sweep folder: one finished trial, one interrupted mid-run, a study, a protocol and a driver lock."""
     root = tmp_path / "mine"
+    root.mkdir()
+    shutil.copy(empty_study_db, root / "optuna.db")
     done, running = trial_config("train.keep_weights=false"), trial_config("train.keep_weights=false", "init.gamma=0.5")
     run_trial(done, TrialDir.in_sweep(root, done.identity()).path, log=lambda *_: None)
     with pytest.raises(KeyboardInterrupt):
@@ -42,6 +46,9 @@ def test_a_packed_sweep_unpacks_into_its_finished_trials_and_study_records(sweep
     assert there.damaged_result() is None and there.read_result() == TrialDir.in_sweep(root, done).read_result()
     assert (tmp_path / "there" / "protocol.json").read_text() == '{"tune_seeds": [100]}\n'
     assert not (tmp_path / "there" / "driver.lock").exists() and not (tmp_path / "there" / MANIFEST).exists()
+    with sqlite3.connect(tmp_path / "there" / "optuna.db") as db:  # the study, carried whole
+        assert db.execute("pragma integrity_check").fetchone() == ("ok",)
+        assert db.execute("select count(*) from studies").fetchone() is not None
     assert not TrialDir.in_sweep(tmp_path / "there", running).path.exists()
 
 
