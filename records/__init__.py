@@ -14,9 +14,34 @@ below).
 May import: core, model, experiments
 """
 
+import contextlib
 import sys
 from pathlib import Path
 
 # This checkout's src/ first, as sweep.py does: a record is built by the library beside it, even
 # where the venv's editable install points at another checkout.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+OVERWRITE_HELP = "replace a file no smallinit command wrote, or one edited since (smallinit.core.written)"
+
+
+@contextlib.contextmanager
+def refusals():
+    """A refusal from the rule every output of ours follows (smallinit.core.written) as one line on
+    stderr and exit status 2: nothing has been written when it is raised."""
+    from smallinit.core.errors import ConfigError
+
+    try:
+        yield
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def write_record(path: Path, text: str, by: str, overwrite: bool = False) -> None:
+    """Write one record file under that rule: never over a file no command of ours wrote, or one
+    edited since, unless `overwrite`."""
+    from smallinit.core import written
+
+    with refusals():
+        written.write_outputs(Path(path).parent, {Path(path).name: text}, by=by, adopt=overwrite)

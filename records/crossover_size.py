@@ -33,6 +33,8 @@ from smallinit.experiments.fits.effective_size import non_embedding_params
 from smallinit.experiments.fits.effective_width import effective_width
 from smallinit.experiments.fits.joint_fit import sensitivity
 
+from . import OVERWRITE_HELP, write_record
+
 LOSS = schema.FINAL_VAL_LOSS
 # What makes the widths sweep's baseline the crossover record's baseline at another width: the arm
 # (γ, eps, gate, norm), the depth, heads and FFN, and everything that shapes its training and its
@@ -228,6 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, help="also write the markdown here")
     ap.add_argument("--append", action="store_true", help="add to --out after a blank line (a record's checks.md "
                                                           "that another check wrote first)")
+    ap.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     args = ap.parse_args(argv)
     if args.crossover is None and args.scaling_law is None:
         ap.error("give --crossover (with --widths once it has run), --scaling-law, or both")
@@ -237,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     if args.out:
         before = args.out.read_text().rstrip("\n") + "\n\n" if args.append and args.out.is_file() else ""
-        args.out.write_text(before + text.rstrip("\n") + "\n")
+        write_record(args.out, before + text.rstrip("\n") + "\n", "records.crossover_size", args.overwrite)
     return 0
 
 

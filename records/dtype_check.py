@@ -34,6 +34,8 @@ from smallinit.core import results_schema as schema
 from smallinit.experiments.data.load import SEED_COLS, ReportError, load
 from smallinit.experiments.stats.stats import compare, interaction
 
+from . import OVERWRITE_HELP, write_record
+
 REFERENCE, CANDIDATE = "fp32", "bf16"
 
 
@@ -170,6 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--small", type=Path, help="with it, SWEEP is the baseline arm's folder and this the recipe's "
                                               "(conf/experiment/bf16_gap.yaml): the change bf16 makes to their gap")
     p.add_argument("--json", type=Path, help="also write the numbers here")
+    p.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     args = p.parse_args(argv)
     if args.small:
         return _gap_change_main(args)
@@ -185,8 +188,8 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(result.lines()))
     if args.json:
         stamp = {**provenance.record(), "results_sha256": {args.sweep.name: provenance.file_sha256(schema.results_path(args.sweep))}}
-        args.json.write_text(json.dumps({**asdict(result), "verdict": result.verdict, "inside_spread": result.inside_spread,
-                                         "provenance": stamp}, indent=2) + "\n")
+        write_record(args.json, json.dumps({**asdict(result), "verdict": result.verdict, "inside_spread": result.inside_spread,
+                                            "provenance": stamp}, indent=2) + "\n", "records.dtype_check", args.overwrite)
     return 0 if result.inside_spread else 1
 
 
@@ -206,7 +209,7 @@ def _gap_change_main(args) -> int:
             f.name: provenance.file_sha256(schema.results_path(f)) for f in (args.sweep, args.small)}}
         body = {**asdict(result), "arms": {k: {**asdict(v), "verdict": v.verdict} for k, v in result.arms.items()},
                 "verdict": result.verdict, "provenance": stamp}
-        args.json.write_text(json.dumps(body, indent=2) + "\n")
+        write_record(args.json, json.dumps(body, indent=2) + "\n", "records.dtype_check", args.overwrite)
     return 0
 
 

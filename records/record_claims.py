@@ -39,6 +39,8 @@ import pandas as pd
 
 from smallinit.core.provenance import file_sha256, record
 
+from . import OVERWRITE_HELP, write_record
+
 EVERY_SIZE = "The small-init recipe lowers loss at every size, dense and MoE"
 EFFECTIVE = "Small init is worth a larger effective model size"
 TOKENS = "The recipe's advantage grows with tokens"
@@ -195,6 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--crossover", type=Path, help="the record's sweep folder (with --widths: the effective size)")
     ap.add_argument("--widths", type=Path, help="the crossover_widths sweep folder")
     ap.add_argument("--out", type=Path, required=True, help="claims.json, beside the summary")
+    ap.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     a = ap.parse_args(argv)
     if (a.crossover is None) != (a.widths is None):
         ap.error("--crossover and --widths go together (the recipe at d = 128 read off the baseline's widths)")
@@ -204,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     command = " ".join(["python -m records.record_claims", *(argv if argv is not None else sys.argv[1:])])
     doc = dict(about=__doc__.split("\n\n")[0].replace("\n", " "), summary=a.summary.name,
                summary_sha256=file_sha256(a.summary), command=command, claims=claims, provenance=record())
-    a.out.write_text(json.dumps(_clean(doc), indent=1, ensure_ascii=False) + "\n")
+    write_record(a.out, json.dumps(_clean(doc), indent=1, ensure_ascii=False) + "\n", "records.record_claims", a.overwrite)
     for c in claims:
         print(f"{c['claim']}: {c['verdict']} ({c['reason']})")
     return 0

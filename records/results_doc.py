@@ -17,17 +17,19 @@ commands in checks.txt beside it (scaling_law's WSD-against-cosine check), shown
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import math
 import re
-import shutil
 import sys
 from pathlib import Path
 
+from smallinit.core import written
 from smallinit.experiments.output.md_table import fmt as _fmt
 from smallinit.experiments.output.md_table import table as _table
 from smallinit.experiments.stats.valnoise import record_sentence
 
+from . import OVERWRITE_HELP, refusals, write_record
 from .record_claims import merged
 from .results_budgets import budgets_lines, token_crossover_lines
 
@@ -344,32 +346,38 @@ def render(docs: Path) -> str:
     return "\n".join(parts).rstrip() + "\n"
 
 
-def collect(reports: Path, docs: Path) -> list[str]:
-    """Copy each experiment's summary.json, its results tables and key figures (shrunk) from its report."""
+def collect(reports: Path, docs: Path, overwrite: bool = False) -> list[str]:
+    """Copy each experiment's summary.json, its results tables and key figures (shrunk) from its
+    report. The files it replaces, and the last collect's figures and tables it removes, must be
+    ones a command of ours wrote and nobody edited since (smallinit.core.written), unless
+    `overwrite`: every experiment's are checked before the first is written."""
     from PIL import Image
 
-    done = []
+    plans = {}
     for name in EXPERIMENTS:
         src = reports / name
         if not (src / "summary.json").exists():
             continue
         dst = docs / "results" / name
-        dst.mkdir(parents=True, exist_ok=True)
-        for old in dst.glob("*.png"):
-            old.unlink()
-        for old in dst.glob("results-*.csv"):
-            old.unlink()
-        shutil.copyfile(src / "summary.json", dst / "summary.json")
+        files = {"summary.json": (src / "summary.json").read_bytes()}
         for table in src.glob("results-*.csv"):  # the tables the summary names by sha256
-            shutil.copyfile(table, dst / table.name)
+            files[table.name] = table.read_bytes()
         for fig in FIGURES[name]:
             if (src / f"{fig}.png").exists():
                 im = Image.open(src / f"{fig}.png")
                 if im.width > FIGURE_WIDTH:
                     im = im.resize((FIGURE_WIDTH, round(im.height * FIGURE_WIDTH / im.width)), Image.LANCZOS)
-                im.convert("P", palette=Image.ADAPTIVE, colors=128).save(dst / f"{fig}.png", optimize=True)
-        done.append(name)
-    return done
+                png = io.BytesIO()
+                im.convert("P", palette=Image.ADAPTIVE, colors=128).save(png, format="png", optimize=True)
+                files[f"{fig}.png"] = png.getvalue()
+        stale = [p.name for p in [*dst.glob("*.png"), *dst.glob("results-*.csv")] if p.name not in files]
+        written.check(dst, [*files, *stale], overwrite)
+        plans[name] = (dst, files, stale)
+    for dst, files, stale in plans.values():
+        for old in stale:
+            (dst / old).unlink()
+        written.write_outputs(dst, files, by="records.results_doc", adopt=True)
+    return list(plans)
 
 
 # Verdict words, longest first so that "not supported" is not also read as "supported".
@@ -436,13 +444,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--check", action="store_true", help="exit 1 if docs/results.md differs from what the summaries give")
     p.add_argument("--reports", default="reports", type=Path)
     p.add_argument("--docs", default=REPO / "docs", type=Path)
+    p.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     a = p.parse_args(argv)
     if a.collect:
         if not a.reports.is_dir():  # a mistyped folder would otherwise collect nothing and say so quietly
             print(f"error: --reports={str(a.reports)!r} is invalid: no such folder (it holds <experiment>/summary.json "
                   "from `make report`)", file=sys.stderr)
             return 2
-        got = collect(a.reports, a.docs)
+        with refusals():
+            got = collect(a.reports, a.docs, a.overwrite)
         print(f"collected {', '.join(got) or 'nothing'} from {a.reports}/")
     text = render(a.docs)
     out = a.docs / "results.md"
@@ -453,7 +463,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         print(f"{out} matches the committed summaries")
         return 0
-    out.write_text(text)
+    write_record(out, text, "records.results_doc", a.overwrite)
     print(f"wrote {out}")
     return 0
 

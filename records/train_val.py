@@ -27,6 +27,8 @@ from smallinit.core.markdown import table as md_table
 from smallinit.core.trial_dir import TrialDir
 from smallinit.experiments.stats.paired import t_interval
 
+from . import OVERWRITE_HELP, write_record
+
 TRAIN, VAL = "train/loss", "val/loss"
 
 
@@ -94,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--baseline", default="baseline")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--append", action="store_true", help="add to --out after a blank line")
+    ap.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     a = ap.parse_args(argv)
     if not (a.crossover / "protocol.json").is_file():
         print(f"error: --crossover={str(a.crossover)!r} is invalid: no protocol.json there", file=sys.stderr)
@@ -102,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     print(text, end="")
     if a.out:
         before = a.out.read_text().rstrip("\n") + "\n\n" if a.append and a.out.is_file() else ""
-        a.out.write_text(before + text)
+        write_record(a.out, before + text, "records.train_val", a.overwrite)
     return 0
 
 

@@ -33,13 +33,14 @@ from pathlib import Path
 
 import pandas as pd
 
-from smallinit.core import provenance
+from smallinit.core import provenance, written
 from smallinit.core.markdown import table as md_table
 from smallinit.core.results_schema import results_path
 from smallinit.core.trial_dir import TrialDir
 from smallinit.experiments.report.report import write_results_tables
 from smallinit.experiments.stats.paired import holm, signflip_p, t_interval, t_pvalues
 
+from . import OVERWRITE_HELP, refusals
 from .wsd_check import ARM, LOSS, _complete
 
 ALPHA = 0.05
@@ -262,6 +263,9 @@ def _seeds(text: str) -> list[int]:
     return list(range(int(lo), int(hi) + 1)) if hi else [int(x) for x in text.split(",")]
 
 
+BY = "records.whole_runs"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("sweeps", type=Path, nargs="+", help="sweeps of both arms, each arm at its chosen lr, any schedule")
@@ -274,6 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--every-budget", action="store_true",
                     help="read every budget the sweeps hold (default: those a cosine sweep trained)")
     ap.add_argument("--out", type=Path, help="write summary.json and lead.md into this folder")
+    ap.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     args = ap.parse_args(argv)
     family = tuple(k.strip() for k in args.family.split(",") if k.strip())
     if set(family) - set(KINDS) or not family:
@@ -290,8 +295,9 @@ def main(argv: list[str] | None = None) -> int:
     text = markdown(rows, waiting, command)
     print(text)
     if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        tables = write_results_tables(paths, args.out)  # the tables read, kept beside the record as CSV
+        with refusals():  # every file checked before the first is written
+            written.check(args.out, [*(f"results-{p.name}.csv" for p in paths), "summary.json", "lead.md"], args.overwrite)
+        tables = write_results_tables(paths, args.out, by=BY)  # the tables read, kept beside the record as CSV
         block = {**provenance.record(), "results_sha256": {d.name: provenance.file_sha256(results_path(d)) for d in paths},
                  "results_tables": tables}
         summary = {"provenance": block, "trials_made_by": trials_made_by(paths, [s.runs for s in [*sweeps, *shared]]),
@@ -299,8 +305,8 @@ def main(argv: list[str] | None = None) -> int:
                    "corpus_tokens": {s.name: list(s.corpus) for s in [*sweeps, *shared]}, "seeds": _seeds(args.seeds),
                    "alpha": ALPHA, "family": list(family), "every_budget": args.every_budget, "comparisons": rows,
                    "waiting": waiting}
-        (args.out / "summary.json").write_text(json.dumps(summary, indent=1, default=float) + "\n")
-        (args.out / "lead.md").write_text(text + "\n")
+        written.write_outputs(args.out, {"summary.json": json.dumps(summary, indent=1, default=float) + "\n",
+                                         "lead.md": text + "\n"}, by=BY, adopt=True)
     return 0
 
 

@@ -22,6 +22,8 @@ import pandas as pd
 from smallinit.core.markdown import table as md_table
 from smallinit.experiments.stats.paired import signflip_p, t_interval
 
+from . import OVERWRITE_HELP, write_record
+
 # What makes a branch and a cosine run the same trial but for the schedule and its lr.
 MATCH = ("d_model", "n_layers", "gamma", "eps", "gate", "norm", "init_seed", "train_seed")
 LOSS = "final_val_loss"
@@ -121,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--wsd", type=Path, required=True, help="the sweep whose trials ran train.budgets")
     ap.add_argument("--cosine", type=Path, required=True, help="the sweep of dedicated runs, one per budget")
     ap.add_argument("--out", type=Path, help="also write the table (markdown) here")
+    ap.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     ap.add_argument("--baseline", default="baseline", help="the arm (param.arm) the other's branch cost is compared with")
     args = ap.parse_args(argv)
     pairs = pair(_complete(args.wsd), _complete(args.cosine))
@@ -136,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         text += "\n\n" + extra
     print(text)
     if args.out:
-        args.out.write_text(text + "\n")
+        write_record(args.out, text + "\n", "records.wsd_check", args.overwrite)
     return 0
 
 

@@ -11,6 +11,8 @@ from PIL import Image
 
 from records import results_doc
 from records.record_claims import merged
+from smallinit.core import written
+from smallinit.core.errors import ConfigError
 
 DOCS = results_doc.REPO / "docs"
 
@@ -72,7 +74,13 @@ def test_collect_copies_the_summary_and_shrinks_figures(tmp_path):
     (src / "results-moe.csv").write_text("identity,final_val_loss\nabc,4.5\n")
     out = tmp_path / "docs" / "results" / "moe"
     out.mkdir(parents=True)
-    (out / "results-stale.csv").write_text("identity\nold\n")  # a table from an earlier report goes
+    # A table an earlier collect wrote goes; one nobody of ours wrote is refused, nothing written.
+    (out / "results-stale.csv").write_text("identity\nold\n")
+    with pytest.raises(ConfigError, match="results-stale.csv: not written by a smallinit command"):
+        results_doc.collect(tmp_path / "reports", tmp_path / "docs")
+    assert [p.name for p in out.iterdir()] == ["results-stale.csv"]
+    (out / "results-stale.csv").unlink()
+    written.write_outputs(out, {"results-stale.csv": "identity\nold\n"}, by="records.results_doc")
     got = results_doc.collect(tmp_path / "reports", tmp_path / "docs")
     assert got == ["moe"]
     assert (out / "summary.json").read_bytes() == (src / "summary.json").read_bytes()

@@ -15,8 +15,12 @@ import time
 import traceback
 from pathlib import Path
 
+from smallinit.core import written
+from smallinit.core.errors import ConfigError
+
 from . import BENCHMARKS
 from .base.common import FULL, TINY, machine_info, progress, provenance
+from .report import OUTPUTS
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 RECORD = Path(__file__).resolve().parents[3] / "bench"  # the record stays in the repository's bench/
@@ -29,6 +33,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=RECORD, help="folder for results.json/.md (default: the record, bench/)")
     p.add_argument("--repeats", type=int, help="repeats of trainer_vs_bare/probe_overhead (default 3; tiny 1)")
     p.add_argument("--threads", type=int, help="torch threads of every measured run (default 1)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace results.json/.md in --out where no smallinit command wrote them, or they were edited")
     args = p.parse_args(argv)
     args.selected = [s.strip() for s in args.only.split(",") if s.strip()] or list(BENCHMARKS)
     unknown = [s for s in args.selected if s not in BENCHMARKS]
@@ -38,6 +44,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
     if partial and args.out.resolve() == RECORD:
         p.error(f"{partial[0]} is invalid without --out DIR: bench/results.json holds one whole `make bench` "
                 "run, so a part or a tiny run goes to a folder of its own")
+    try:  # before the first benchmark: a refusal after an hour of measuring would waste it
+        written.check(args.out, list(OUTPUTS), args.overwrite)
+    except ConfigError as e:
+        p.error(str(e))
     return args
 
 

@@ -17,6 +17,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from smallinit.core import written
 from smallinit.core.markdown import table as md_table
 
 from . import BENCHMARKS
@@ -223,11 +224,15 @@ def markdown(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+OUTPUTS = ("results.json", "results.md")
+
+
 def write(results: dict[str, Any], out_dir: Path) -> tuple[Path, Path]:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    json_path, md_path = out_dir / "results.json", out_dir / "results.md"
-    json_path.write_text(json.dumps(_finite(results), indent=2) + "\n")
-    md_path.write_text(markdown(results))
+    """The run's record; `python -m smallinit.bench` checked before its first benchmark that it may
+    write over these two files (core/written.py)."""
+    json_path, md_path = written.write_outputs(
+        out_dir, dict(zip(OUTPUTS, (json.dumps(_finite(results), indent=2) + "\n", markdown(results)))),
+        by="smallinit.bench", adopt=True)
     return json_path, md_path
 
 

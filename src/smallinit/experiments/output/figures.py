@@ -4,6 +4,7 @@ axes lack a title, an x or y label, or a unit in [brackets], and records what it
 
 from __future__ import annotations
 
+import io
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -14,6 +15,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
+
+from smallinit.core import written  # noqa: E402
 
 GAMMA = "γ, init std = d_in^-γ [unitless]"
 LOSS_Y = "validation loss [nats/token]"
@@ -71,8 +74,11 @@ class Figures:
         axes = check_labels(fig)
         title = fig._suptitle.get_text() if fig._suptitle is not None else axes[0]["title"]
         path = self.out_dir / f"{name}.png"
-        fig.savefig(path, dpi=110, bbox_inches="tight")
+        png = io.BytesIO()
+        fig.savefig(png, format="png", dpi=110, bbox_inches="tight")
         plt.close(fig)
+        # The report checked its whole folder before its first write (core/written.py).
+        written.write_outputs(self.out_dir, {path.name: png.getvalue()}, by="smallinit.experiments.report", adopt=True)
         info = FigureInfo(name=name, file=path.name, title=title, caption=caption, axes=axes)
         self.items.append(info)
         return info

@@ -21,7 +21,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from smallinit.core import provenance
+from smallinit.core import provenance, written
+from smallinit.core.errors import ConfigError
 from smallinit.core.results_schema import results_path
 from smallinit.experiments.data.load import (
     LOSS,
@@ -70,8 +71,10 @@ def _jsonable(obj):
 
 def build(dirs: list[Path], out_root: Path = Path("reports"), baseline_gamma: float = 0.5,
           baseline: dict[str, str] | None = None, arms: list[str] | None = None, metric: str = LOSS,
-          widths=DEFAULT_WIDTHS, gammas=DEFAULT_GAMMAS, n_boot: int = 500, log=print) -> Path:
-    """Write OUT_ROOT/<sweep-name>/: report.md, index.html, the figures and summary.json.
+          widths=DEFAULT_WIDTHS, gammas=DEFAULT_GAMMAS, n_boot: int = 500, log=print, overwrite: bool = False) -> Path:
+    """Write OUT_ROOT/<sweep-name>/: report.md, index.html, the figures and summary.json. The folder
+    is the report's own: one holding a file no smallinit command wrote, or one edited since, is
+    refused before anything is written (core/written.py), unless `overwrite`.
 
     `arms`: the two variant selectors of the token-level comparison (A then B); by default the
     paper's recipe against the effective-size baseline."""
@@ -80,8 +83,12 @@ def build(dirs: list[Path], out_root: Path = Path("reports"), baseline_gamma: fl
     for line in [*sweep.left_out, *sweep.damaged_records]:
         log(line)
     out = Path(out_root) / sweep.name
+    try:
+        written.require_own(out, adopt=overwrite)
+    except ConfigError as e:
+        raise ReportError(str(e)) from None
     out.mkdir(parents=True, exist_ok=True)
-    for old in out.glob("*.png"):
+    for old in out.glob("*.png"):  # the last report's figures (require_own: ours); this one writes its own
         old.unlink()
     ctx = Context(sweep, Figures(out), metric, baseline_gamma, baseline, arms, tuple(widths), tuple(gammas), n_boot, log,
                   budget_sweep)
@@ -96,21 +103,23 @@ def build(dirs: list[Path], out_root: Path = Path("reports"), baseline_gamma: fl
     parts.update(dtype=ctx.dtype, figures=ctx.figs.as_dicts(), build_s=time.time() - t0,
                  provenance=_provenance(dirs, tables))
     summary = dict(sorted(parts.items(), key=lambda kv: SUMMARY_KEYS.index(kv[0])))
-    (out / "report.md").write_text(to_markdown(blocks))
-    (out / "index.html").write_text(to_html(blocks, f"smallinit report: {sweep.name}", out))
-    (out / "summary.json").write_text(json.dumps(_jsonable(summary), indent=1, ensure_ascii=False))
+    written.write_outputs(out, {"report.md": to_markdown(blocks),
+                                "index.html": to_html(blocks, f"smallinit report: {sweep.name}", out),
+                                "summary.json": json.dumps(_jsonable(summary), indent=1, ensure_ascii=False)},
+                          by=REPORT, adopt=True)  # the whole folder was checked before the first write
     return out
 
 
-def write_results_tables(dirs: list[Path], out: Path) -> dict[str, dict[str, str]]:
+REPORT = "smallinit.experiments.report"
+
+
+def write_results_tables(dirs: list[Path], out: Path, by: str = REPORT, adopt: bool = True) -> dict[str, dict[str, str]]:
     """Each sweep's results table beside the summary, as CSV (rows with their trial identities),
-    so that a committed summary keeps the table it was built from: {sweep: {file, sha256}}."""
-    tables = {}
-    for d in dirs:
-        path = out / f"results-{d.name}.csv"
-        pd.read_parquet(results_path(d)).to_csv(path, index=False)
-        tables[d.name] = {"file": path.name, "sha256": provenance.file_sha256(path)}
-    return tables
+    so that a committed summary keeps the table it was built from: {sweep: {file, sha256}}.
+    `adopt=False`: refused where `out` holds such a file that we did not write (core/written.py)."""
+    files = {f"results-{d.name}.csv": pd.read_parquet(results_path(d)).to_csv(index=False) for d in dirs}
+    paths = written.write_outputs(out, files, by=by, adopt=adopt)
+    return {d.name: {"file": path.name, "sha256": provenance.file_sha256(path)} for d, path in zip(dirs, paths)}
 
 
 def _provenance(dirs: list[Path], tables: dict[str, dict[str, str]]) -> dict:
@@ -145,6 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--metric", default=LOSS, choices=(LOSS, "best_val_loss"))
     p.add_argument("--widths", default=",".join(map(str, DEFAULT_WIDTHS)), help="residual-balance widths")
     p.add_argument("--boot", type=int, default=500, help="bootstrap replicates for the effective-size intervals")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace files in OUT/<sweep-name>/ that no smallinit command wrote, or that were edited since")
     a = p.parse_args(argv)
     try:
         widths = tuple(int(w) for w in a.widths.split(",") if w.strip())
@@ -157,7 +168,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"report of {which}", file=sys.stderr)
             dirs = [folder]
         out = build(dirs, Path(a.out), a.baseline_gamma, _parse_kv(a.baseline),
-                    a.arms, a.metric, widths=widths, n_boot=a.boot, log=lambda m: print(m, file=sys.stderr))
+                    a.arms, a.metric, widths=widths, n_boot=a.boot, log=lambda m: print(m, file=sys.stderr),
+                    overwrite=a.overwrite)
     except ReportError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
