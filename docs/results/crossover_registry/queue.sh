@@ -1,15 +1,14 @@
 #!/bin/bash
-# One core's queue of crossover_registry's sweeps (README "How it runs"), each from a clone of
-# the repository at $CODE into $RECORDS/<name>. Give the sweeps in the order this core takes them:
-#   queue.sh registry cosine4m repeat cosine8m      # core 1
-#   queue.sh repeat cosine8m registry cosine4m      # core 2
+# The queue of crossover_registry's sweeps (README "How it runs"), each from a clone of the
+# repository at $CODE into $RECORDS/<name>, $CPUS trials at a time (one thread each), in the order given:
+#   CPUS=2 queue.sh registry cosine4m cosine8m repeat
 # A sweep another driver holds is refused in one line and the queue goes on; a finished one has
 # nothing to run. Every trial keeps only what the record reads (no weights, probes or per-token
 # losses), so records/keep.py can carry the finished ones to the next machine.
 CODE=${CODE:-$HOME/records/code}
 RECORDS=${RECORDS:-$HOME/records}
 cd "$CODE" || exit 1
-run() { echo "== $(date -u +%FT%TZ) start $1"; shift; .venv/bin/python sweep.py -m "$@" ray.num_cpus=1; echo "== $(date -u +%FT%TZ) exit $?"; }
+run() { echo "== $(date -u +%FT%TZ) start $1"; shift; .venv/bin/python sweep.py -m "$@" ray.num_cpus=${CPUS:-1}; echo "== $(date -u +%FT%TZ) exit $?"; }
 SMALL="train.keep_weights=false train.probe_every=0 train.per_token_eval_tokens=0 train.log_every=64"
 registry() { run registry +experiment=crossover_registry hydra.sweep.dir=$RECORDS/crossover_registry; }
 repeat()   { run repeat +experiment=crossover_registry data.train_fraction=0.0525 train.max_epochs=7 \
