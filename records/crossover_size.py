@@ -39,8 +39,10 @@ LOSS = schema.FINAL_VAL_LOSS
 # What makes the widths sweep's baseline the crossover record's baseline at another width: the arm
 # (γ, eps, gate, norm), the depth, heads and FFN, and everything that shapes its training and its
 # evaluation (schedule, warmup, batch, weight decay, cooldown, held-out tokens, corpus).
+# The warmup is held in steps: a widths sweep that stops at a smaller largest budget than the record
+# (registry_widths at 8M beside crossover_registry's 16M) has a larger warmup_frac for the same 102 steps.
 SAME_ARM = ("gamma", "eps", "gate", "norm", "n_layers", "ffn", "dtype", "config/model.n_heads", "config/optim.schedule",
-            "config/optim.warmup_frac", "config/optim.weight_decay", "config/train.batch_size", "config/train.seq_len",
+            "warmup_steps", "config/optim.weight_decay", "config/train.batch_size", "config/train.seq_len",
             "config/train.cooldown_frac", "config/train.eval_tokens", "config/data.task", "config/data.corpus",
             "config/data.vocab_size", "config/data.val_fraction", "config/data.split_seed")
 E_VALUES = (0.0, 1.0, 2.0, 3.0)
@@ -78,7 +80,17 @@ def chosen_rows(sweep: Path) -> pd.DataFrame:
                              bool(df["config/model.tie_embeddings"].iloc[0]) if len(df) else False)
     return pd.DataFrame({"arm": arm.to_numpy(), "d_model": df["d_model"].to_numpy(), "n": n,
                          "seed": df["train_seed"].to_numpy(), "budget": df[schema.BUDGET_TOKENS].astype(int).to_numpy(),
-                         "loss": df[LOSS].to_numpy(), **{k: df[k].to_numpy() for k in SAME_ARM if k in df}})
+                         "loss": df[LOSS].to_numpy(), "warmup_steps": warmup_steps(df),
+                         **{k: df[k].to_numpy() for k in SAME_ARM if k in df}})
+
+
+def warmup_steps(df: pd.DataFrame) -> np.ndarray:
+    """Each row's warmup in steps: optim.warmup_frac of its run's largest budget (trainer/schedule.py)."""
+    def one(row) -> int:
+        budgets = json.loads(row["config/train.budgets"]) if isinstance(row["config/train.budgets"], str) else None
+        per_step = row["config/train.batch_size"] * row["config/train.seq_len"] * row.get("config/train.grad_accum", 1)
+        return int(row["config/optim.warmup_frac"] * (max(budgets) // per_step)) if budgets else -1
+    return np.array([one(r) for _, r in df.iterrows()], dtype=int)
 
 
 def check_same_baseline(crossover: pd.DataFrame, widths: pd.DataFrame, baseline: str) -> None:

@@ -30,7 +30,8 @@ def _row(arm, d_model, n_nonembed, seed, lr, budget, loss, role="confirm", gamma
             "n_params": n_nonembed + 2 * VOCAB * d_model, "train_seed": seed, "config/model.vocab_size": VOCAB,
             "config/model.tie_embeddings": False, "gamma": gamma, "eps": 1e-5, "gate": "none", "norm": "rmsnorm",
             "n_layers": 4, "ffn": "dense", "dtype": "fp32", "config/model.n_heads": 2, "config/optim.schedule": "wsd",
-            "config/optim.warmup_frac": 0.0125, "config/optim.weight_decay": 0.1, "config/train.batch_size": 8,
+            "config/optim.warmup_frac": 0.0125, "config/train.budgets": "[2097152, 4194304, 8388608]",
+            "config/optim.weight_decay": 0.1, "config/train.batch_size": 8,
             "config/train.seq_len": 128, "config/train.cooldown_frac": 0.2, "config/train.eval_tokens": 65536,
             "config/data.task": "lm", "config/data.corpus": "bilingual", "config/data.vocab_size": VOCAB,
             "config/data.val_fraction": 0.05, "config/data.split_seed": 0}
@@ -97,8 +98,12 @@ def test_a_widths_sweep_of_another_arm_or_schedule_is_refused(tmp_path):
         main(["--crossover", str(c), "--widths", str(w)])
     table = pd.read_parquet(w / "results.parquet")
     table.assign(gamma=0.5, **{"config/optim.warmup_frac": 0.05}).to_parquet(w / "results.parquet")
-    with pytest.raises(SystemExit, match="warmup_frac"):
+    with pytest.raises(SystemExit, match=r"warmup_steps=\['409'\] is not the crossover baseline's \['102'\]"):
         main(["--crossover", str(c), "--widths", str(w)])
+    # The same 102 warmup steps from a smaller largest budget (registry_widths beside crossover_registry) pair.
+    table.assign(gamma=0.5, **{"config/optim.warmup_frac": 0.025, "config/train.budgets": "[2097152, 4194304]"}
+                 ).to_parquet(w / "results.parquet")
+    main(["--crossover", str(c), "--widths", str(w)])
     table.assign(gamma=0.5).drop(columns="config/train.eval_tokens").to_parquet(w / "results.parquet")
     with pytest.raises(SystemExit, match="eval_tokens is not in both"):
         main(["--crossover", str(c), "--widths", str(w)])

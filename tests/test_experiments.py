@@ -28,6 +28,7 @@ EXPECTED = {
     "crossover_cosine": (16, {"micro"}),
     "crossover_widths": (6, {"micro"}),
     "crossover_registry": (8, {"micro"}),
+    "registry_widths": (9, {"micro"}),
     "gpu/gamma_scan": (15, {"0.1b"}),
     "gpu/eps_fix": (12, {"0.5b"}),
     "gpu/gate": (18, {"0.1b"}),
@@ -72,6 +73,28 @@ def test_crossover_registry_is_the_crossovers_design_on_text_seen_once(data_cach
         assert (t.train.batch_size, t.train.seq_len, t.train.eval_tokens) == (c.train.batch_size, c.train.seq_len, c.train.eval_tokens)
         assert round(t.optim.warmup_frac * t.train.total_steps) == round(c.optim.warmup_frac * c.train.total_steps) == 102
         assert max(t.train.budgets) < corpus / 3
+
+
+def test_registry_widths_share_crossover_registrys_schedule_at_every_budget_they_hold(data_cache):
+    """The baseline at 96, 192 and 256 on the same corpus, evaluation and batch, whose every budget is
+    crossover_registry's branch of that budget step for step: the same 102-step warmup, and each
+    cooldown the same fraction of its budget's steps."""
+    from smallinit.trainer.schedule import budget_branches, budget_warmup
+
+    _, widths = grid_trials("registry_widths")
+    _, registry = grid_trials("crossover_registry")
+    assert {t.model.d_model for t in widths} == {96, 192, 256} and {t.model.init.gamma for t in widths} == {0.5}
+    base = registry[0]
+    for t in widths:
+        assert (t.model.n_layers, t.model.n_heads, t.data) == (base.model.n_layers, base.model.n_heads, base.data)
+        assert (t.train.batch_size, t.train.seq_len, t.train.eval_tokens, t.train.dtype, t.train.cooldown_frac) == (
+            base.train.batch_size, base.train.seq_len, base.train.eval_tokens, base.train.dtype, base.train.cooldown_frac)
+        assert set(t.train.budgets) <= set(base.train.budgets) and not t.train.keep_weights
+    steps = base.train.tokens_per_step
+    ours = budget_branches(widths[0].train.budgets, steps, widths[0].train.cooldown_frac)
+    theirs = {b.tokens: b for b in budget_branches(base.train.budgets, steps, base.train.cooldown_frac)}
+    assert budget_warmup(ours, widths[0].optim) == budget_warmup(list(theirs.values()), base.optim) == 102
+    assert all((b.fork, b.steps) == (theirs[b.tokens].fork, theirs[b.tokens].steps) for b in ours)
 
 
 def test_scaling_arms_pair_the_papers_recipes(data_cache):
@@ -158,9 +181,10 @@ def test_width_trend_scales_width_at_fixed_depth_and_head_size(data_cache):
 @pytest.mark.slow
 # The crossover forms train train.budgets (and crossover_cosine sweeps train.max_tokens), which
 # train.max_steps cannot shrink; their per-budget path runs end to end, report included, in
-# tests/test_select_per_budget.py.
+# tests/test_select_per_budget.py. registry_widths trains them on data=registry too, which needs its
+# ~155 MB fetch.
 @pytest.mark.parametrize("experiment", [e for e in EXPECTED if not e.startswith(("gpu/", "crossover"))
-                                        and e != "bf16_check"])
+                                        and e not in ("bf16_check", "registry_widths")])
 def test_cpu_form_runs_end_to_end_at_a_reduced_budget(experiment, tmp_path, data_cache):
     import pandas as pd
 

@@ -6,7 +6,7 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$HERE/../../.." && pwd)
 RECORDS=${RECORDS:-$HOME/records}
 while true; do
-  for name in crossover_registry crossover_registry_repeat registry_cosine_4m registry_cosine_8m; do
+  for name in crossover_registry crossover_registry_repeat registry_cosine_4m registry_cosine_8m registry_widths; do
     [ -d "$RECORDS/$name" ] || continue
     (cd "$REPO" && .venv/bin/python -m records.keep pack "$RECORDS/$name" "$HERE/carry/$name.tgz")
   done
