@@ -45,3 +45,24 @@ def write_record(path: Path, text: str, by: str, overwrite: bool = False) -> Non
 
     with refusals():
         written.write_outputs(Path(path).parent, {Path(path).name: text}, by=by, adopt=overwrite)
+
+
+def sweep_table(folder: Path, columns: list[str] | None = None):
+    """A sweep's results table through the library's one reader of a sweep folder
+    (smallinit.experiments.data.sweep_records); a missing or damaged one ends the command in one line."""
+    from smallinit.experiments.data.sweep_records import ReportError, read_table
+
+    try:
+        return read_table(Path(folder), columns=columns)
+    except ReportError as e:
+        raise SystemExit(f"error: {e}") from None
+
+
+def sweep_protocol(folder: Path) -> dict:
+    """A sweep's protocol.json through the same reader: {} where it has none; a damaged one ends the command."""
+    from smallinit.experiments.data.sweep_records import PROTOCOL, ReportError, require_record
+
+    try:
+        return require_record(Path(folder), PROTOCOL) or {}
+    except ReportError as e:
+        raise SystemExit(f"error: {e}") from None

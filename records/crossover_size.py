@@ -33,7 +33,7 @@ from smallinit.experiments.fits.effective_size import non_embedding_params
 from smallinit.experiments.fits.effective_width import effective_width
 from smallinit.experiments.fits.joint_fit import sensitivity
 
-from . import OVERWRITE_HELP, write_record
+from . import OVERWRITE_HELP, sweep_protocol, sweep_table, write_record
 
 LOSS = schema.FINAL_VAL_LOSS
 # What makes the widths sweep's baseline the crossover record's baseline at another width: the arm
@@ -56,13 +56,11 @@ def _lr_key(x: float) -> float:
 def chosen_rows(sweep: Path) -> pd.DataFrame:
     """The confirm branches of a per_budget sweep, each (setting, budget) at the lr it chose:
     arm, d_model, n (non-embedding), seed, budget, loss, plus the columns SAME_ARM names."""
-    record_path, results = Path(sweep) / "protocol.json", schema.results_path(Path(sweep))
-    if not record_path.is_file() or not results.is_file():
-        raise SystemExit(f"error: {sweep} holds no protocol.json and results.parquet: run its sweep first")
-    record = json.loads(record_path.read_text())
+    record, df = sweep_protocol(sweep), sweep_table(sweep)
+    if not record:
+        raise SystemExit(f"error: {sweep} holds no protocol.json: run its sweep first")
     if not record.get("per_budget"):
         raise SystemExit(f"error: {sweep} did not choose an lr per budget (hydra.sweeper.protocol.per_budget)")
-    df = pd.read_parquet(results)
     df = df[(df[schema.STATE] == schema.COMPLETE) & (df["role"] == "confirm") & df[LOSS].notna()]
     keep = np.zeros(len(df), bool)
     for c in record.get("choices", []):

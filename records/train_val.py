@@ -27,7 +27,7 @@ from smallinit.core.markdown import table as md_table
 from smallinit.core.trial_dir import TrialDir
 from smallinit.experiments.stats.paired import t_interval
 
-from . import OVERWRITE_HELP, write_record
+from . import OVERWRITE_HELP, sweep_protocol, write_record
 
 TRAIN, VAL = "train/loss", "val/loss"
 
@@ -35,7 +35,7 @@ TRAIN, VAL = "train/loss", "val/loss"
 def whole_runs(sweep: Path, baseline: str = "baseline") -> tuple[dict, str, int]:
     """({(arm, seed): trial folder} of the confirm runs at the lr each arm chose for the largest
     budget (the runs that are whole there), the recipe arm's name, that budget in tokens)."""
-    record = json.loads((sweep / "protocol.json").read_text())
+    record = sweep_protocol(sweep)
     lr_of, budget = {}, 0
     for c in record.get("choices", []):
         picks = {int(x["budget_tokens"]): float(x["chosen"]["optim.lr"]) for x in c.get("chosen_by_budget") or []}

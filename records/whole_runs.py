@@ -40,7 +40,7 @@ from smallinit.core.trial_dir import TrialDir
 from smallinit.experiments.report.report import write_results_tables
 from smallinit.experiments.stats.paired import holm, signflip_p, t_interval, t_pvalues
 
-from . import OVERWRITE_HELP, refusals
+from . import OVERWRITE_HELP, refusals, sweep_table
 from .wsd_check import ARM, LOSS, _complete
 
 ALPHA = 0.05
@@ -100,7 +100,7 @@ def load(path: Path, arm: str | None = None) -> Sweep:
         runs = runs.assign(**{ARM: arm})
     budget = (runs["budget_tokens"] if "budget_tokens" in runs else runs["tokens"]).fillna(runs["tokens"])
     runs = runs.assign(budget=budget.astype(int), train_seed=runs["train_seed"].astype(int))
-    table = pd.read_parquet(results_path(path), columns=[SCHEDULE]) if SCHEDULE in runs else pd.DataFrame()
+    table = sweep_table(path, columns=[SCHEDULE]) if SCHEDULE in runs else pd.DataFrame()
     schedules = sorted(set(table[SCHEDULE].dropna())) if SCHEDULE in table else []
     if len(schedules) != 1:
         raise SystemExit(f"error: {path} holds runs of schedules {schedules or 'unknown'}: a sweep read here has one schedule")

@@ -12,7 +12,6 @@ conf/experiment/wsd_check.yaml runs the cosine side of the scaling_law record's 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -22,7 +21,7 @@ import pandas as pd
 from smallinit.core.markdown import table as md_table
 from smallinit.experiments.stats.paired import signflip_p, t_interval
 
-from . import OVERWRITE_HELP, write_record
+from . import OVERWRITE_HELP, sweep_protocol, sweep_table, write_record
 
 # What makes a branch and a cosine run the same trial but for the schedule and its lr.
 MATCH = ("d_model", "n_layers", "gamma", "eps", "gate", "norm", "init_seed", "train_seed")
@@ -31,11 +30,7 @@ ARM = "param.arm"  # the arm's name, where the sweeps swept one (matched too, an
 
 
 def _complete(sweep: Path) -> pd.DataFrame:
-    path = sweep / "results.parquet"
-    if not path.is_file():
-        raise SystemExit(f"error: {path} is missing: its sweep has not written its table yet (a sweep writes it "
-                         "when its command ends or is stopped)")
-    df = pd.read_parquet(path)
+    df = sweep_table(sweep)
     df = df.assign(**{LOSS: pd.to_numeric(df[LOSS], errors="coerce")})  # all empty while a sweep's first trials run
     df = df[(df["state"] == "COMPLETE") & np.isfinite(df[LOSS])]
     # A select-then-confirm sweep compares its confirm runs only, none until its confirm round has run.
@@ -47,8 +42,7 @@ def _complete(sweep: Path) -> pd.DataFrame:
 def at_budget_choice(df: pd.DataFrame, sweep: Path) -> pd.DataFrame:
     """A sweep that chose each budget's lr (protocol per_budget) runs its confirm seeds at several
     lrs: keep, per arm and budget, only the branches at the lr that budget chose."""
-    path = sweep / "protocol.json"
-    record = json.loads(path.read_text()) if path.is_file() else {}
+    record = sweep_protocol(sweep)
     if not record.get("per_budget") or "param.arm" not in df:
         return df
     chosen = {(c["setting"].get("arm"), int(x["budget_tokens"])): float(f"{x['chosen']['optim.lr']:.6g}")

@@ -191,3 +191,39 @@ def test_a_damaged_sweep_record_is_named_and_the_report_reads_the_trials_without
     assert len(loaded.complete) == len(load([tiny_sweep]).complete)  # every trial still read
     from smallinit.experiments.report.findings import _protocol_record
     assert _protocol_record(loaded) == {}  # the report's command lines read it as no record
+
+
+def test_every_reader_of_a_sweeps_table_and_protocol_goes_through_one_reader():
+    """results.parquet and protocol.json are read in one place (experiments/data/sweep_records.py):
+    no other library or record module opens them, so a damaged one is named the same way everywhere."""
+    from .conftest import REPO
+
+    readers = []
+    for path in [*(REPO / "src" / "smallinit").rglob("*.py"), *(REPO / "records").rglob("*.py")]:
+        for line in path.read_text().splitlines():
+            if "read_parquet(" in line or ("protocol.json" in line and ("read_text(" in line or "json.load" in line)):
+                readers.append(str(path.relative_to(REPO)))
+                break
+    assert readers == ["src/smallinit/experiments/data/sweep_records.py"]
+
+
+@pytest.mark.parametrize("damaged", ["results.parquet", "protocol.json"])
+def test_a_damaged_table_or_protocol_stops_each_record_tool_in_one_line(tiny_sweep, tmp_path, damaged):
+    import subprocess
+    import sys
+
+    from .conftest import REPO
+
+    sweep = tmp_path / "rep"
+    shutil.copytree(tiny_sweep, sweep)
+    (sweep / damaged).write_bytes(b"\x00 not a record")
+    commands = [["records.wsd_check", "--wsd", str(sweep), "--cosine", str(sweep)],
+                ["records.crossover_size", "--crossover", str(sweep)],
+                ["smallinit.experiments.fits.token_crossover", "--sweep", str(sweep)]]
+    if damaged == "results.parquet":  # the crossover's status reads the trial folders, mid-sweep too, not the table
+        commands = commands[:2]
+    for command in commands:
+        proc = subprocess.run([sys.executable, "-m", *command], cwd=REPO, capture_output=True, text=True, timeout=300)
+        err = proc.stderr.strip().splitlines()
+        assert proc.returncode != 0 and len(err) == 1 and "Traceback" not in proc.stderr, (command, proc.stderr[-2000:])
+        assert err[0].startswith(f"error: {sweep / damaged} ") and ("cannot be read" in err[0] or "is unreadable" in err[0])

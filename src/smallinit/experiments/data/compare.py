@@ -9,17 +9,14 @@ would be counted twice (experiments/data/load.py).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import pandas as pd
-
 from smallinit.core import results_schema as schema
-from smallinit.core.errors import first_line
 
 from .load import ReportError, trial_identities
+from .sweep_records import read_record, read_table
 
 # The sweeper writes it (sweeper/config/fixed_overrides.py); experiments reads files, not the sweeper.
 FIXED_RECORD = "fixed_overrides.json"
@@ -40,21 +37,16 @@ def read_folder(path: Path) -> Folder:
     table = schema.results_path(path)
     if not table.exists():
         raise ReportError(f"{table} is missing: not a finished sweep folder (rerun its command to rebuild it)")
-    try:
-        df = pd.read_parquet(table)
-    except Exception as e:  # pyarrow raises several types for a damaged file
-        raise ReportError(f"{table} cannot be read: {first_line(e)}") from None
+    df = read_table(path, local_paths=False)
     trials = {i for i in trial_identities(df) if i is not None}
-    record = path / FIXED_RECORD
-    if not record.exists():
+    data, why = read_record(path, FIXED_RECORD)
+    if why is None and data is not None and (not isinstance(data.get("fixed", {}), dict)
+                                             or not isinstance(data.get("swept", []), list)):
+        why = "not a mapping with 'fixed' and 'swept'"
+    if why is not None:
+        raise ReportError(f"{path / FIXED_RECORD} cannot be read ({why}): restore it")
+    if data is None:
         return Folder(path, None, [], trials)
-    try:
-        data = json.loads(record.read_text())
-        if not isinstance(data, dict) or not isinstance(data.get("fixed", {}), dict) \
-                or not isinstance(data.get("swept", []), list):
-            raise ValueError("not a mapping with 'fixed' and 'swept'")
-    except (OSError, ValueError) as e:
-        raise ReportError(f"{record} cannot be read ({first_line(e)}): restore it") from None
     return Folder(path, {str(k): str(v) for k, v in data.get("fixed", {}).items()},
                   sorted(map(str, data.get("swept", []))), trials)
 

@@ -29,13 +29,8 @@ from smallinit.core import results_schema as schema
 from smallinit.core.errors import first_line
 from smallinit.core.trial_dir import TrialDir, unusable
 
-from .sweep_records import damaged_records
+from .sweep_records import ReportError, damaged_records, read_table
 from .tuning import OPTIM_COLS, Tuning, tune
-
-
-class ReportError(Exception):
-    """A problem the user can fix; its message is printed as one line."""
-
 
 SIZE_COLS = ("model", "d_model", "n_layers")
 SEED_COLS = ("init_seed", "train_seed")
@@ -164,14 +159,7 @@ def load(dirs: list[Path], metric: str = LOSS, budgets: str = "all") -> Sweep:
     """budgets="largest": of a trial with several budgets, only its largest budget's row."""
     frames = []
     for d in dirs:
-        try:
-            df = pd.read_parquet(schema.results_path(d))
-        except Exception as e:  # pyarrow raises several types for a damaged file
-            raise ReportError(f"{d}/results.parquet cannot be read: {first_line(e)}") from None
-        for column in schema.PATH_COLUMNS:
-            if column in df:
-                ids = df[schema.IDENTITY] if schema.IDENTITY in df else [None] * len(df)
-                df[column] = [schema.to_local_path(v, d, i) for v, i in zip(df[column], ids)]
+        df = read_table(d)
         if schema.IDENTITY in df:
             df = df.drop_duplicates(schema.IDENTITY, keep="first")
         frames.append(df.assign(sweep=d.name))

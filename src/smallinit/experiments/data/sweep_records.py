@@ -1,18 +1,28 @@
-"""A sweep folder's own records that the report reads besides its table: fixed_overrides.json
-(the command that repeats the sweep) and protocol.json (the select-then-confirm choices). The
-sweeper writes them; this is the one reader. A record that cannot be read is named once, by
-load(), and every consumer then reads it as absent."""
+"""The one reader of what a sweep folder holds besides its trials: the results table
+(results.parquet), fixed_overrides.json (the command that repeats the sweep) and protocol.json
+(the select-then-confirm choices). The sweeper writes them; the report, the comparison and the
+record builders (records/) read them here. A table that is missing or cannot be read stops the
+reader in one line naming it; a record that cannot be read is named once, by load(), and the
+report then reads it as absent, while a reader that cannot go on without it (require_record) stops."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import pandas as pd
+
+from smallinit.core import results_schema as schema
 from smallinit.core.errors import first_line
 
+
+class ReportError(Exception):
+    """A problem the user can fix; its message is printed as one line."""
+
+FIXED_OVERRIDES, PROTOCOL = "fixed_overrides.json", "protocol.json"
 # name -> what the report leaves out where the record cannot be read
-SWEEP_RECORDS = {"fixed_overrides.json": "the command that repeats the sweep",
-                 "protocol.json": "the select-then-confirm choices' command"}
+SWEEP_RECORDS = {FIXED_OVERRIDES: "the command that repeats the sweep",
+                 PROTOCOL: "the select-then-confirm choices' command"}
 
 
 def read_record(folder: Path, name: str) -> tuple[dict | None, str | None]:
@@ -25,6 +35,35 @@ def read_record(folder: Path, name: str) -> tuple[dict | None, str | None]:
     except (OSError, ValueError) as e:
         return None, "empty" if path.is_file() and path.stat().st_size == 0 else first_line(e)
     return (record, None) if isinstance(record, dict) else (None, "not a JSON object")
+
+
+def require_record(folder: Path, name: str) -> dict | None:
+    """read_record for a reader that cannot go on without a readable record: None where the
+    folder has none; ReportError naming a damaged one."""
+    record, why = read_record(folder, name)
+    if why is not None:
+        raise ReportError(f"{Path(folder) / name} is unreadable ({why}): the sweep's command names the file and what to do")
+    return record
+
+
+def read_table(folder: Path, columns: list[str] | None = None, local_paths: bool = True) -> pd.DataFrame:
+    """The sweep's results table, with its artifact paths made local to this folder (a copied
+    folder reads its own files) unless `local_paths` is False (a verbatim copy)."""
+    folder = Path(folder)
+    path = schema.results_path(folder)
+    if not path.is_file():
+        raise ReportError(f"{path} is missing: its sweep has not written its table yet (a sweep writes it when its "
+                          "command ends or is stopped; rerun the command to rebuild it)")
+    try:
+        df = pd.read_parquet(path, columns=columns)
+    except Exception as e:  # pyarrow raises several types for a damaged file
+        raise ReportError(f"{path} cannot be read: {first_line(e)}") from None
+    if local_paths:
+        for column in schema.PATH_COLUMNS:
+            if column in df:
+                ids = df[schema.IDENTITY] if schema.IDENTITY in df else [None] * len(df)
+                df[column] = [schema.to_local_path(v, folder, i) for v, i in zip(df[column], ids)]
+    return df
 
 
 def damaged_records(dirs: list[Path]) -> list[str]:

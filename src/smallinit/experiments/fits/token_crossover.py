@@ -17,7 +17,6 @@ sweep's files is `from_sweep`'s job.
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 from dataclasses import asdict, dataclass, field
@@ -29,6 +28,12 @@ from scipy import stats
 
 from smallinit.core import results_schema as schema
 from smallinit.core.trial_dir import TrialDir
+from smallinit.experiments.data.sweep_records import (
+    PROTOCOL,
+    ReportError,
+    read_table,
+    require_record,
+)
 from smallinit.experiments.output.md_table import fmt, table
 from smallinit.experiments.stats.paired import holm, signflip_p, t_interval, t_pvalues
 
@@ -252,11 +257,8 @@ def from_sweep(sweep_dir: Path, results: pd.DataFrame | None = None,
                baseline: str = "baseline", metric: str = schema.FINAL_VAL_LOSS) -> dict | None:
     """The analysis of a per_budget sweep folder, or None when the folder did not choose per budget
     or has no two arms named in its protocol.json."""
-    path = Path(sweep_dir) / "protocol.json"
-    if not path.exists():
-        return None
-    record = json.loads(path.read_text())
-    if not record.get("per_budget"):
+    record = require_record(sweep_dir, PROTOCOL)
+    if record is None or not record.get("per_budget"):
         return None
     chosen: dict[str, dict[int, float]] = {}
     for c in record.get("choices", []):
@@ -266,7 +268,7 @@ def from_sweep(sweep_dir: Path, results: pd.DataFrame | None = None,
     others = [a for a in chosen if a != baseline]
     if baseline not in chosen or len(others) != 1:
         return None
-    df = results if results is not None else pd.read_parquet(schema.results_path(Path(sweep_dir)))
+    df = results if results is not None else read_table(Path(sweep_dir))
     done = df[(df[schema.STATE] == schema.COMPLETE) & (df["role"] == "confirm")]
     rows = pd.DataFrame({"arm": done["param.arm"], "seed": done["param.seed"], "lr": done["lr"],
                          "budget_tokens": done[schema.BUDGET_TOKENS], "loss": done[metric]}).dropna()
@@ -301,9 +303,9 @@ def status(sweep_dir: Path, metric: str = schema.FINAL_VAL_LOSS) -> str:
         lines += [f"## {role}: final validation loss per budget [tokens], mean over each row's seeds", "",
                   table(header, body), ""]
     lines += machine_lines(df)
-    record = sweep_dir / "protocol.json"
-    if record.exists():
-        for c in json.loads(record.read_text()).get("choices", []):
+    record = require_record(sweep_dir, PROTOCOL)
+    if record is not None:
+        for c in record.get("choices", []):
             picks = ", ".join(f"{x['budget_tokens']:,}: {x['chosen']['optim.lr']:g}" for x in c.get("chosen_by_budget") or [])
             lines.append(f"- {c['setting']}: chose {picks or c.get('chosen')}")
         out = from_sweep(sweep_dir, df.assign(**{schema.STATE: schema.COMPLETE}), metric=metric)
@@ -344,8 +346,7 @@ def branch_rows(sweep_dir: Path, metric: str = schema.FINAL_VAL_LOSS) -> pd.Data
     """Every branch evaluated so far, from the trial folders (mid-sweep too, before results.parquet
     exists): its trial's params, the budget and the loss; a branch file that is damaged or
     another trial's is left out. Roles come from protocol.json once stage 1 has settled."""
-    record_path = Path(sweep_dir) / "protocol.json"
-    record = json.loads(record_path.read_text()) if record_path.exists() else {}
+    record = require_record(sweep_dir, PROTOCOL) or {}
     rows = []
     for folder in TrialDir.all_in_sweep(sweep_dir):
         params = folder.read_sweep_plan().get("params") or {}
@@ -393,7 +394,11 @@ def main(argv: list[str] | None = None) -> int:
     if not (args.sweep / "trials").is_dir():
         print(f"error: --sweep={str(args.sweep)!r} is invalid: no trials/ folder there (run the sweep first)", file=sys.stderr)
         return 2
-    print(status(args.sweep), end="")
+    try:
+        print(status(args.sweep), end="")
+    except ReportError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -31,6 +31,7 @@ from smallinit.experiments.data.load import (
     load_report,
     resolve_dirs,
 )
+from smallinit.experiments.data.sweep_records import read_table
 from smallinit.experiments.output.figures import Figures
 from smallinit.experiments.output.render import Block, to_html, to_markdown
 
@@ -117,7 +118,7 @@ def write_results_tables(dirs: list[Path], out: Path, by: str = REPORT, adopt: b
     """Each sweep's results table beside the summary, as CSV (rows with their trial identities),
     so that a committed summary keeps the table it was built from: {sweep: {file, sha256}}.
     `adopt=False`: refused where `out` holds such a file that we did not write (core/written.py)."""
-    files = {f"results-{d.name}.csv": pd.read_parquet(results_path(d)).to_csv(index=False) for d in dirs}
+    files = {f"results-{d.name}.csv": read_table(d, local_paths=False).to_csv(index=False) for d in dirs}
     paths = written.write_outputs(out, files, by=by, adopt=adopt)
     return {d.name: {"file": path.name, "sha256": provenance.file_sha256(path)} for d, path in zip(dirs, paths)}
 
