@@ -25,7 +25,8 @@ from smallinit.sweeper.results.summary import failure_lines
 from smallinit.sweeper.study.study import Study
 from smallinit.sweeper.study.study_rebuild import reconcile
 from smallinit.trainer.config import OptimConfig, TrainConfig, TrialConfig
-from smallinit.trainer.loop import TrialResult, _budgets_done, run_trial
+from smallinit.trainer.folder_checks import budgets_done
+from smallinit.trainer.loop import TrialResult, run_trial
 from smallinit.trainer.schedule import Branch
 
 from .conftest import REPO, StopAt
@@ -167,15 +168,15 @@ def test_the_trainer_takes_a_branch_as_done_only_from_its_own_whole_file(tmp_pat
     d, lines = TrialDir(tmp_path / "run"), []
     side = [Branch(tokens=1280, steps=10, fork=8), Branch(tokens=2560, steps=20, fork=16)]
     d.write_budget_result(1280, _result("me", 4.0, 1280))
-    assert _budgets_done(d, side, "me", {"step": 12, "budgets_done": [1280]}, lines.append) == ({1280}, False)
+    assert budgets_done(d, side, "me", {"step": 12, "budgets_done": [1280]}, lines.append) == ({1280}, False)
     d.write_budget_result(1280, _result("other", 4.0, 1280))
-    assert _budgets_done(d, side, "me", {"step": 8, "budgets_done": []}, lines.append) == (set(), False)
+    assert budgets_done(d, side, "me", {"step": 8, "budgets_done": []}, lines.append) == (set(), False)
     assert "runs again at its fork (step 8)" in lines[-1] and not d.budget_json(1280).exists()
     d.budget_json(1280).write_text("{")
-    assert _budgets_done(d, side, "me", {"step": 12, "budgets_done": [1280]}, lines.append) == (set(), True)
+    assert budgets_done(d, side, "me", {"step": 12, "budgets_done": [1280]}, lines.append) == (set(), True)
     assert "is damaged (not readable JSON" in lines[-1] and lines[-1].endswith(
         "the checkpoint (step 12) is past its fork (step 8): training the trial again from step 0")
-    assert _budgets_done(d, side, "me", {"step": 12, "budgets_done": [1280]}, lines.append) == (set(), True)
+    assert budgets_done(d, side, "me", {"step": 12, "budgets_done": [1280]}, lines.append) == (set(), True)
     assert lines[-1].startswith(f"{d.budget_json(1280)} is missing;")  # the checkpoint listed it
     assert len(lines) == 3 and len(list(d.budgets.glob("1280.json.corrupt-*"))) >= 1
 

@@ -51,7 +51,7 @@ def run(cfg: DictConfig) -> float | None:
           f"metrics in {TrialDir(out_dir).metrics}")
     console = ConsoleReporter(trial.train.total_steps, description=trial.preset or "train")
     from smallinit.core.trial_lock import TrialBusy
-    from smallinit.trainer.loop import ForeignFolder
+    from smallinit.trainer.folder_checks import ForeignFolder
 
     try:  # the entry a sweep's worker takes too: the folder's lock, and a folder that is this trial's
         result = train_trial(trial, out_dir, identity, reporter=console, prepared=prepared)
@@ -80,7 +80,7 @@ def _check_run_dir(argv: list[str], conf_dir) -> None:
 
     from smallinit.core.trial_dir import TrialDir, unusable
     from smallinit.trainer.config import trial_config_from_dict
-    from smallinit.trainer.loop import folder_refusal
+    from smallinit.trainer.folder_checks import folder_refusal
 
     folder = TrialDir(given[-1])
     if not (folder.finished or folder.has_checkpoint):

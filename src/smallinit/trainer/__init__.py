@@ -1,5 +1,6 @@
 """Training one trial: the loop (loop.Trainer, with observer for evaluation and probes and
-budget_forks for train.budgets' cooldown branches, on schedule's learning rates), the trial's
+schedule for the learning rates and train.budgets' cooldown branches, folder_checks for whose
+a folder is), the trial's
 typed settings (config), what it learns (tasks: language modelling or the anchor task, on the
 data package's batches), the check that a trial fits its corpus (data_check), checkpoints,
 several processes (distributed), metrics (reporting), and export to transformers. machine/

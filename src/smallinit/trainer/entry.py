@@ -16,7 +16,8 @@ from smallinit.core.trial_dir import TrialDir, unusable
 from smallinit.core.trial_lock import trial_lock
 
 from .config import TrialConfig
-from .loop import finished_result, run_trial
+from .folder_checks import finished_result
+from .loop import run_trial
 
 
 def train_trial(trial: TrialConfig, out_dir: Path | str, identity: str, *,

@@ -3,11 +3,11 @@
 Outputs in the trial folder (core.trial_dir.TrialDir names them): trial.json, metrics.jsonl,
 probes/, checkpoint.pt (checkpoint.dcp/ from several workers; removed when done),
 per_token_losses.npz, model.pt and, last, result.json, whose presence means the trial finished.
-With train.budgets, also budgets/<tokens>.json (trainer/budget_forks.py).
+With train.budgets, also budgets/<tokens>.json (trainer/schedule.py).
 
 `run_trial` is the entry point; a `Trainer` does the work: set up in its constructor, trained
 by `fit()`, whose loop reads as the order of events in a step. Evaluation, probes and the
-reported rows are trainer/observer.py's; the budgets' cooldown branches trainer/budget_forks.py's.
+reported rows are trainer/observer.py's; the budgets' cooldown branches trainer/schedule.py's.
 """
 
 from __future__ import annotations
@@ -22,20 +22,27 @@ import numpy as np
 import torch
 
 from smallinit.core import provenance, trial_files
-from smallinit.core.trial_dir import TrialDir, unusable
+from smallinit.core.trial_dir import TrialDir
 from smallinit.model import Transformer
 
-from .budget_forks import BudgetForks, hold, put_back
 from .checkpoint import save_checkpoint
 from .config import TrialConfig, flops_per_token
 from .distributed import Single
+from .folder_checks import (
+    FolderRemoved,
+    ForeignFolder,
+    budgets_done,
+    finished_result,
+    folder_gone,
+    foreign_checkpoint,
+)
 from .machine.compile_choice import RunCompiler
 from .machine.compile_choice import shape_key as compile_shape
 from .machine.host_memory import retain_freed_memory
 from .machine.precision import autocast_for, resolve_device, resolve_dtype
 from .observer import Measures, Observer
 from .reporting import JsonlReporter, MultiReporter, Reporter, Timer
-from .schedule import Branch, lr_at
+from .schedule import Branch, BudgetForks, hold, lr_at, put_back
 from .tasks import make_task
 
 # Reading the loss on the host every step makes a GPU wait for its queue to drain; on an
@@ -43,15 +50,6 @@ from .tasks import make_task
 # ACCEL_SYNC_EVERY steps, at every log step and before every checkpoint (so no checkpoint
 # holds weights that a NaN already reached). On the CPU reading is free: every step.
 ACCEL_SYNC_EVERY = 16
-
-
-class ForeignFolder(RuntimeError):
-    """out_dir holds another trial's result or checkpoint: nothing is trained over it."""
-
-
-class FolderRemoved(RuntimeError):
-    """The trial's folder was removed (or emptied) while it trained: what it would write next has
-    no trial.json to belong to, so it stops rather than leave a result nobody can read."""
 
 
 class TrialDiverged(RuntimeError):
@@ -127,29 +125,6 @@ def run_trial(trial: TrialConfig, out_dir: Path, reporter: Reporter | None = Non
     return Trainer(trial, folder, reporter, log, prepared, dist, identity).fit()
 
 
-def finished_result(folder: TrialDir, trial: TrialConfig, identity: str, world: int, log=print) -> dict | None:
-    """The folder's result if trial `identity` finished there; None if nothing finished there;
-    ForeignFolder if another trial did (DamagedFile from read_result if it cannot be read)."""
-    finished = folder.read_result()
-    if finished is None:
-        return None
-    if finished.get("identity") != identity:
-        raise ForeignFolder(_not_this_trial(folder.path, "finished trial", finished.get("identity"), trial, world, identity))
-    log(f"trial {identity} already finished in {folder.path}")
-    return finished
-
-
-def folder_refusal(trial: TrialConfig, out_dir: Path, identity: str, world: int = 1) -> str | None:
-    """Why trial `identity` must not train in out_dir, read without writing anything: a finished
-    trial or a checkpoint of another trial is there (run_trial and the trainer refuse the same).
-    For a caller that writes into the folder before training starts (Hydra's .hydra/): ask first."""
-    folder = TrialDir(out_dir)
-    finished = folder.read_result(damaged_ok=True)
-    if isinstance(finished, dict) and finished.get("identity") != identity:
-        return _not_this_trial(Path(out_dir), "finished trial", finished.get("identity"), trial, world, identity)
-    return _foreign_checkpoint(folder, trial, world, identity)
-
-
 class LossMeter:
     """Training losses: summed on the device since the last read (`pending`), and on the host
     since the last logged row (`loss_sum`, over `micro_batches`)."""
@@ -171,7 +146,7 @@ class Trainer:
     the checkpoint it resumes from); fit() trains to the end and writes the result. The concerns
     around the steps are parts of their own, each handed what it reads rather than the trainer:
     `observer` (evaluation, probes, the reported rows, trainer/observer.py; the model and its
-    forward with each call) and `forks` (the budgets' plan, trainer/budget_forks.py; their side
+    forward with each call) and `forks` (the budgets' plan, trainer/schedule.py; their side
     trips are trained here, with the steps); checkpoints and the check that the folder is still
     this trial's are methods here."""
 
@@ -252,7 +227,7 @@ class Trainer:
         # A checkpoint of another trial (this one on another worker count, most often) is refused
         # before trial.json is rewritten: the folder stays that trial's, to finish where it began.
         # Rank 0 reads, every rank raises the same line.
-        refused = dist.share(_foreign_checkpoint(self.folder, self.trial, dist.world, self.identity)
+        refused = dist.share(foreign_checkpoint(self.folder, self.trial, dist.world, self.identity)
                              if dist.is_main else None)
         if refused:
             raise ForeignFolder(refused)
@@ -277,7 +252,7 @@ class Trainer:
             self.prior_wall, self.prior_train = state["wall_s"], state["train_s"]
         # Rank 0 reads the budget files (and sets a bad one aside); every rank follows its word.
         self.forks.done, restart = dist.share(
-            _budgets_done(folder, self.forks.side, self.identity, state, log) if dist.is_main else None)
+            budgets_done(folder, self.forks.side, self.identity, state, log) if dist.is_main else None)
         if restart:  # past the fork of a branch with no result of its own: only a run from step 0 goes through it
             if dist.is_main:
                 folder.drop_checkpoint()
@@ -290,7 +265,7 @@ class Trainer:
             log(f"resuming {self.identity} from step {self.start}/{self.total}{note}")
         return best
 
-    # ---- the budgets' side trips (trainer/budget_forks.py) ----
+    # ---- the budgets' side trips (trainer/schedule.py) ----
 
     def take_side_trips(self, step: int) -> None:
         """The budget branches that fork at step: each from the same stable state, put back after."""
@@ -379,7 +354,7 @@ class Trainer:
 
     def check_folder(self) -> None:
         """Raises FolderRemoved if the folder is no longer this trial's: every rank, or none."""
-        gone = self.dist.share(_folder_gone(self.folder, self.identity) if self.dist.is_main else None)
+        gone = self.dist.share(folder_gone(self.folder, self.identity) if self.dist.is_main else None)
         if gone:
             raise FolderRemoved(gone)
 
@@ -438,70 +413,6 @@ class Trainer:
         self.folder.write_result(asdict(result))
         self.folder.drop_checkpoint()  # after result.json: a kill in between still resumes
         return result
-
-
-def _not_this_trial(out_dir: Path, what: str, other: str, trial: TrialConfig, world: int, identity: str) -> str:
-    """The one line refusing a folder that holds `what` of trial `other`, not of this trial
-    (`identity`) on `world` workers; when `other` is this trial on another worker count, it says so."""
-    workers = trial.workers_of(other)
-    if workers is None:
-        return f"{out_dir} holds {what} {other}, not {identity}: use another folder"
-    return (f"{out_dir} holds {what} {other}, this trial on {_count(workers)}, not {identity} on "
-            f"{_count(world)}: a trial's worker count is part of its identity (docs/sweeps.md); run it "
-            f"there on {_count(workers)}, or use another folder")
-
-
-def _folder_gone(folder: TrialDir, identity: str) -> str | None:
-    """Why folder is no longer this trial's (its trial.json removed or replaced), or None."""
-    meta = folder.read_trial(damaged_ok=True)
-    if meta is not None and meta.get("identity") == identity:
-        return None
-    what = "its trial.json is gone" if meta is None else f"its trial.json now names {meta.get('identity')}"
-    return (f"{folder.path} was removed or replaced while the trial trained ({what}): this run's work is not "
-            "kept; rerun the command to train the trial again")
-
-
-def _count(workers: int) -> str:
-    return "1 worker" if workers == 1 else f"{workers} workers"
-
-
-def _foreign_checkpoint(folder: TrialDir, trial: TrialConfig, world: int, identity: str) -> str | None:
-    """Why folder's checkpoint cannot be resumed here: trial.json says it is another trial's;
-    None without a checkpoint or with this trial's (a damaged one is set aside when read)."""
-    record = folder.read_trial(damaged_ok=True)
-    other = record.get("identity") if isinstance(record, dict) else None
-    if not folder.has_checkpoint or not isinstance(other, str) or other == identity:
-        return None
-    return _not_this_trial(folder.path, "a checkpoint of trial", other, trial, world, identity)
-
-
-def _budgets_done(folder: TrialDir, side: list[Branch], identity: str, state: dict | None, log) -> tuple[set[int], bool]:
-    """(the budgets whose branch already ran, whether the run must start again from step 0).
-    A branch ran when its budgets/<tokens>.json is whole and this trial's <tokens> branch: the
-    file is what the table reports, so the checkpoint's list (written after it) only says which
-    to expect. A damaged or foreign file is set aside and named in one line; its branch runs
-    again at its fork, or, when the checkpoint is past that fork (the stable state there is
-    gone), the trial trains again from step 0 rather than finish without that budget."""
-    step = state["step"] if state is not None else 0
-    listed = set(state.get("budgets_done", ())) if state is not None else set()
-    done, restart = set(), False
-    for b in side:
-        path, why = folder.budget_json(b.tokens), folder.damaged_budget(b.tokens, identity)
-        if why is None and path.exists():
-            done.add(b.tokens)
-            continue
-        if why is None and b.tokens not in listed and b.fork >= step:
-            continue  # not reached yet
-        what = f"{path} is missing"
-        if why is not None:
-            what = f"{path} is {unusable(why)}: set aside as {folder.set_aside_budget(b.tokens).name}"
-        if b.fork < step:
-            restart = True
-            log(f"{what}; the checkpoint (step {step}) is past its fork (step {b.fork}): training the trial "
-                "again from step 0")
-        else:
-            log(f"{what}; the {b.tokens}-token branch runs again at its fork (step {b.fork})")
-    return done, restart
 
 
 def _sync_every(device: torch.device) -> int:

@@ -60,7 +60,8 @@ def write_refused_line(e: OSError) -> str:
 
 def classify(e: BaseException) -> tuple[str, str]:
     """(kind, reason): the reason a user reads in the results table, one line first."""
-    from smallinit.trainer.loop import FolderRemoved, TrialDiverged
+    from smallinit.trainer.folder_checks import FolderRemoved
+    from smallinit.trainer.loop import TrialDiverged
 
     for cause in _chain(e):
         if isinstance(cause, FolderRemoved):  # the next run trains it again

@@ -129,7 +129,7 @@ def run_spec(config: dict[str, Any]) -> None:
     from ray import tune
 
     from smallinit.trainer.entry import train_trial
-    from smallinit.trainer.loop import ForeignFolder
+    from smallinit.trainer.folder_checks import ForeignFolder
 
     spec: TrialSpec = config["spec"]
     out = TrialDir(spec.out_dir)
