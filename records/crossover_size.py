@@ -83,11 +83,21 @@ def chosen_rows(sweep: Path) -> pd.DataFrame:
 
 
 def warmup_steps(df: pd.DataFrame) -> np.ndarray:
-    """Each row's warmup in steps: optim.warmup_frac of its run's largest budget (trainer/schedule.py)."""
+    """Each row's warmup in steps: optim.warmup_frac of its run's steps, the largest budget's with
+    train.budgets (trainer/schedule.py), else max_tokens' or max_steps (lr_at)."""
     def one(row) -> int:
-        budgets = json.loads(row["config/train.budgets"]) if isinstance(row["config/train.budgets"], str) else None
-        per_step = row["config/train.batch_size"] * row["config/train.seq_len"] * row.get("config/train.grad_accum", 1)
-        return int(row["config/optim.warmup_frac"] * (max(budgets) // per_step)) if budgets else -1
+        raw = row.get("config/train.budgets")
+        budgets = json.loads(raw) if isinstance(raw, str) else None
+        grad_accum = row.get("config/train.grad_accum", 1)
+        per_step = row["config/train.batch_size"] * row["config/train.seq_len"] * (1 if pd.isna(grad_accum) else grad_accum)
+        if budgets:
+            steps = max(budgets) // per_step
+        elif pd.notna(row.get("config/train.max_steps")):
+            steps = row["config/train.max_steps"]
+        else:
+            tokens = row.get("config/train.max_tokens")
+            steps = tokens // per_step if pd.notna(tokens) else 0
+        return int(row["config/optim.warmup_frac"] * steps)
     return np.array([one(r) for _, r in df.iterrows()], dtype=int)
 
 

@@ -12,15 +12,16 @@ pack did not hold (a trial that was running starts again from step 0).
     python -m records.keep pack ~/records/crossover_registry docs/results/crossover_registry/carry/crossover_registry.tgz
     python -m records.keep unpack docs/results/crossover_registry/carry/crossover_registry.tgz ~/records/crossover_registry
 
-Only trials trained with train.keep_weights=false can be carried: a result that lists model.pt
-would read as damaged where the weights were not carried, and the sweep would train it again.
+Only trials trained with train.keep_weights=false are carried: a result that lists model.pt would
+read as damaged where the weights were not carried. Such a trial, or a damaged one, is left out,
+named in a warning and in the manifest's "not_carried", and trains again on the next machine.
 What each side checks, so that nothing is lost or written over:
 - pack reads every finished trial through TrialDir.damaged_result (the one check every reader
   makes) and carries only whole ones; it writes over an existing .tgz only when that is a pack
   of the same sweep whose finished trials the new one all holds (a pack of a sweep folder that
   has lost trials is refused, not written over the pack that still has them);
-- unpack writes only into a folder that does not exist or is empty, and then reads every trial
-  it wrote through the same check.
+- unpack writes only into a folder of the sweep's own name that does not exist or is empty, and
+  then reads every trial the manifest lists as finished through the same check.
 """
 
 from __future__ import annotations
@@ -69,32 +70,29 @@ def _trial_files(folder: TrialDir) -> list[str]:
 
 def plan(sweep: Path) -> dict:
     """What a pack of `sweep` holds: {"top": [...], "trials": {id: [files]}, "finished", "failed",
-    "left": [running ids]}. Raises ConfigError for a folder that is not a sweep, or a finished
-    trial that cannot be carried."""
+    "left": [running ids], "not_carried": {id: why}}. A finished trial that cannot be carried
+    (damaged, or its weights listed) is left out and named, never the reason to carry nothing.
+    Raises ConfigError for a folder that is not a sweep."""
     trials_root = sweep / TRIALS_FOLDER
     if not sweep.is_dir() or not (trials_root.is_dir() or (sweep / "optuna.db").is_file()):
         raise ConfigError(f"SWEEP={sweep} is invalid: not a sweep folder (no {TRIALS_FOLDER}/ or optuna.db)")
     top = sorted(p.name for p in sweep.iterdir()
                  if p.is_file() and p.name not in NOT_CARRIED and not p.name.endswith(NOT_CARRIED_SUFFIXES)
                  and not p.name.startswith("."))
-    out: dict = {"top": top, "trials": {}, "finished": [], "failed": [], "left": []}
-    bad = []
+    out: dict = {"top": top, "trials": {}, "finished": [], "failed": [], "left": [], "not_carried": {}}
     for path in sorted(trials_root.iterdir()) if trials_root.is_dir() else []:
         if not path.is_dir():
             continue
         folder = TrialDir(path)
         state, why = _finished(folder)
         if why is not None:
-            bad.append(f"{path.name}: {why}")
+            out["not_carried"][path.name] = why
             continue
         if state == "running":
             out["left"].append(path.name)
             continue
         out[state].append(path.name)
         out["trials"][path.name] = _trial_files(folder)
-    if bad:
-        raise ConfigError(f"SWEEP={sweep} holds finished trials that cannot be carried (nothing was written):\n  "
-                          + "\n  ".join(bad))
     return out
 
 
@@ -105,15 +103,20 @@ def _read_manifest(pack: Path) -> dict:
             manifest = json.loads(member.read()) if member else None
     except (OSError, tarfile.TarError, KeyError, ValueError) as e:
         raise ConfigError(f"PACK={pack} is invalid: not a pack written by records.keep ({e})") from None
-    if not isinstance(manifest, dict) or "sweep" not in manifest:
-        raise ConfigError(f"PACK={pack} is invalid: not a pack written by records.keep (no {MANIFEST})")
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("sweep"), str) \
+            or not all(isinstance(manifest.get(k), list) for k in ("finished", "failed", "left")):
+        raise ConfigError(f"PACK={pack} is invalid: not a pack written by records.keep (its {MANIFEST} lacks the sweep "
+                          "or its trial lists)")
     return manifest
 
 
 def pack(sweep: Path, out: Path) -> dict:
-    """Write `sweep`'s carryable records to `out` (.tgz); returns the manifest."""
+    """Write `sweep`'s carryable records to `out` (.tgz); returns the manifest, with "unchanged"
+    True where `out` already held the same finished and failed trials (then nothing is written:
+    a running sweep's study changes every step, and a pack per unchanged state would only churn git)."""
     sweep = sweep.resolve()
     what = plan(sweep)
+    before = None
     if out.exists():
         before = _read_manifest(out)
         if before["sweep"] != sweep.name:
@@ -124,10 +127,14 @@ def pack(sweep: Path, out: Path) -> dict:
             raise ConfigError(f"OUT={out} is invalid: it holds {len(lost)} finished trial(s) that {sweep} lacks "
                               f"({', '.join(lost[:4])}{', ...' if len(lost) > 4 else ''}); unpack it into a new folder "
                               "first (nothing was written)")
+        if (sorted(before.get("finished", [])), sorted(before.get("failed", []))) == (sorted(what["finished"]),
+                                                                                    sorted(what["failed"])):
+            return {**before, "unchanged": True}
     made_by = provenance.record()
     manifest = {"sweep": sweep.name, "packed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 "commit": made_by["commit"], "dirty": made_by["dirty"], "machine": made_by["machine"],
-                "finished": what["finished"], "failed": what["failed"], "left": what["left"]}
+                "finished": what["finished"], "failed": what["failed"], "left": what["left"],
+                "not_carried": what["not_carried"]}
 
     def add(tar: tarfile.TarFile, path: Path, name: str) -> None:
         if path.suffix == ".db":  # the driver may be writing the study: carry a consistent copy
@@ -172,6 +179,9 @@ def _safe(name: str) -> bool:
 def unpack(pack_path: Path, sweep: Path) -> dict:
     """Make the sweep folder `sweep` from `pack_path`; returns the manifest."""
     manifest = _read_manifest(pack_path)
+    if Path(sweep).name != manifest["sweep"]:  # the sweep's own name: its study and trials are named by it
+        raise ConfigError(f"SWEEP={sweep} is invalid: the pack holds sweep {manifest['sweep']!r}; unpack it into a folder "
+                          f"of that name (nothing was written)")
     if sweep.exists() and (not sweep.is_dir() or any(sweep.iterdir())):
         raise ConfigError(f"SWEEP={sweep} is invalid: it exists and is not empty; resume the sweep there as it is, "
                           "or give a new folder (nothing was written)")
@@ -182,8 +192,16 @@ def unpack(pack_path: Path, sweep: Path) -> dict:
             raise ConfigError(f"PACK={pack_path} is invalid: it holds {unsafe[0]!r}, not a plain file inside the sweep "
                               "(nothing was written)")
         sweep.mkdir(parents=True, exist_ok=True)
-        tar.extractall(sweep, members=members, filter="data")
-    damaged = {i: why for i in manifest["finished"] if (why := TrialDir(sweep / TRIALS_FOLDER / i).damaged_result())}
+        # Every member was checked above to be a plain file inside the sweep; the "data" filter
+        # (Python 3.11.4+) checks it again where the interpreter has it.
+        extra = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+        tar.extractall(sweep, members=members, **extra)
+    damaged = {}
+    for i in manifest["finished"]:
+        folder = TrialDir(sweep / TRIALS_FOLDER / i)
+        why = folder.damaged_result() if folder.result_json.is_file() else "its result.json is not in the pack"
+        if why:
+            damaged[i] = why
     if damaged:
         raise ConfigError(f"PACK={pack_path} unpacked into {sweep}, but {len(damaged)} finished trial(s) read as damaged "
                           f"({next(iter(damaged.items()))}); the sweep would train them again")
@@ -203,8 +221,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "pack":
             m = pack(args.sweep, args.out)
-            print(f"{args.out}: {m['sweep']}: {len(m['finished'])} finished, {len(m['failed'])} failed; "
-                  f"{len(m['left'])} running or waiting left out ({args.out.stat().st_size:,} bytes)")
+            if m.get("unchanged"):
+                print(f"{args.out}: {m['sweep']}: unchanged ({len(m['finished'])} finished, {len(m['failed'])} failed, "
+                      f"packed {m['packed_at']}); not written again")
+            else:
+                print(f"{args.out}: {m['sweep']}: {len(m['finished'])} finished, {len(m['failed'])} failed; "
+                      f"{len(m['left'])} running or waiting left out ({args.out.stat().st_size:,} bytes)")
+            for identity, why in m.get("not_carried", {}).items():
+                print(f"warning: {identity} finished but is not carried: {why}", file=sys.stderr)
         else:
             m = unpack(args.pack, args.sweep)
             print(f"{args.sweep}: {len(m['finished'])} finished and {len(m['failed'])} failed trial(s) of {m['sweep']} "

@@ -446,6 +446,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--docs", default=REPO / "docs", type=Path)
     p.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     a = p.parse_args(argv)
+    if not a.check:  # results.md too is checked before anything is written, collect's files included
+        with refusals():
+            written.check(a.docs, ["results.md"], a.overwrite)
     if a.collect:
         if not a.reports.is_dir():  # a mistyped folder would otherwise collect nothing and say so quietly
             print(f"error: --reports={str(a.reports)!r} is invalid: no such folder (it holds <experiment>/summary.json "

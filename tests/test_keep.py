@@ -41,15 +41,21 @@ def test_a_packed_sweep_unpacks_into_its_finished_trials_and_study_records(sweep
         names = tar.getnames()
     assert not any("checkpoint" in n or n.endswith(".lock") for n in names) and MANIFEST in names
 
-    unpack(tmp_path / "mine.tgz", tmp_path / "there")
-    there = TrialDir.in_sweep(tmp_path / "there", done)
+    with pytest.raises(ConfigError, match="the pack holds sweep 'mine'; unpack it into a folder of that name"):
+        unpack(tmp_path / "mine.tgz", tmp_path / "elsewhere")
+    unpack(tmp_path / "mine.tgz", tmp_path / "there" / "mine")
+    there = TrialDir.in_sweep(tmp_path / "there" / "mine", done)
     assert there.damaged_result() is None and there.read_result() == TrialDir.in_sweep(root, done).read_result()
-    assert (tmp_path / "there" / "protocol.json").read_text() == '{"tune_seeds": [100]}\n'
-    assert not (tmp_path / "there" / "driver.lock").exists() and not (tmp_path / "there" / MANIFEST).exists()
-    with sqlite3.connect(tmp_path / "there" / "optuna.db") as db:  # the study, carried whole
+    here = tmp_path / "there" / "mine"
+    assert (here / "protocol.json").read_text() == '{"tune_seeds": [100]}\n'
+    assert not (here / "driver.lock").exists() and not (here / MANIFEST).exists()
+    with sqlite3.connect(here / "optuna.db") as db:  # the study, carried whole
         assert db.execute("pragma integrity_check").fetchone() == ("ok",)
         assert db.execute("select count(*) from studies").fetchone() is not None
-    assert not TrialDir.in_sweep(tmp_path / "there", running).path.exists()
+    assert not TrialDir.in_sweep(here, running).path.exists()
+    # The same finished trials again: the pack is not written again (a running study would churn it).
+    before = (tmp_path / "mine.tgz").read_bytes()
+    assert pack(root, tmp_path / "mine.tgz")["unchanged"] and (tmp_path / "mine.tgz").read_bytes() == before
 
 
 def test_neither_side_writes_over_what_it_did_not_write(sweep, tmp_path, trial_config):
@@ -68,19 +74,21 @@ def test_neither_side_writes_over_what_it_did_not_write(sweep, tmp_path, trial_c
         pack(root, tmp_path / "notes.tgz")
     assert (tmp_path / "notes.tgz").read_text() == "my notes"
     # Into a folder that holds anything: refused before any write.
-    (tmp_path / "full").mkdir()
-    (tmp_path / "full" / "x").write_text("x")
+    full = tmp_path / "full" / "mine"
+    full.mkdir(parents=True)
+    (full / "x").write_text("x")
     with pytest.raises(ConfigError, match="exists and is not empty"):
-        unpack(out, tmp_path / "full")
-    assert [p.name for p in (tmp_path / "full").iterdir()] == ["x"]
+        unpack(out, full)
+    assert [p.name for p in full.iterdir()] == ["x"]
 
 
-def test_a_trial_that_kept_its_weights_is_not_carried(trial_config, tmp_path):
-    trial = trial_config()
-    run_trial(trial, TrialDir.in_sweep(tmp_path / "s", trial.identity()).path, log=lambda *_: None)
-    with pytest.raises(ConfigError, match="lists model.pt: trained with train.keep_weights=true"):
-        pack(tmp_path / "s", tmp_path / "s.tgz")
-    assert not (tmp_path / "s.tgz").exists()
+def test_a_trial_that_kept_its_weights_is_named_and_left_out_not_the_whole_sweep(trial_config, tmp_path):
+    heavy, light = trial_config(), trial_config("train.keep_weights=false", "init.gamma=0.5")
+    for trial in (heavy, light):
+        run_trial(trial, TrialDir.in_sweep(tmp_path / "s", trial.identity()).path, log=lambda *_: None)
+    manifest = pack(tmp_path / "s", tmp_path / "s.tgz")
+    assert manifest["finished"] == [light.identity()]
+    assert "lists model.pt: trained with train.keep_weights=true" in manifest["not_carried"][heavy.identity()]
 
 
 @pytest.mark.integration

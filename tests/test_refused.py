@@ -85,6 +85,9 @@ def test_a_fixed_key_swept_without_its_value_is_another_question(tmp_path):
     grown = fixed_overrides.check(tmp_path, ["train.max_tokens=1024"], ["optim.lr"], {"optim.lr": ("0.001", "0.002")})
     assert grown == {"fixed": record["fixed"], "swept": ["optim.lr"]}
     assert fixed_overrides.check(tmp_path, fixed, [], {}) == record  # the same command: resumes
+    # Where and how a trial runs is not another question: a folder carried between machines
+    # (records/keep.py) resumes with train.keep_weights=false added.
+    assert fixed_overrides.check(tmp_path, [*fixed, "train.keep_weights=false"], [], {}) == record
 
 
 @pytest.mark.slow

@@ -8,7 +8,8 @@
 CODE=${CODE:-$HOME/records/code}
 RECORDS=${RECORDS:-$HOME/records}
 cd "$CODE" || exit 1
-run() { echo "== $(date -u +%FT%TZ) start $1"; shift; .venv/bin/python sweep.py -m "$@" ray.num_cpus=${CPUS:-1}; echo "== $(date -u +%FT%TZ) exit $?"; }
+run() { echo "== $(date -u +%FT%TZ) start $1"; shift; .venv/bin/python sweep.py -m "$@" ray.num_cpus=${CPUS:-1}; rc=$?
+        echo "== $(date -u +%FT%TZ) exit $rc"; }
 SMALL="train.keep_weights=false train.probe_every=0 train.per_token_eval_tokens=0 train.log_every=64"
 registry() { run registry +experiment=crossover_registry hydra.sweep.dir=$RECORDS/crossover_registry; }
 repeat()   { run repeat +experiment=crossover_registry data.train_fraction=0.0525 train.max_epochs=7 \

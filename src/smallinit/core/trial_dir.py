@@ -218,14 +218,14 @@ class TrialDir:
         for path in (self.checkpoint_dcp, self.checkpoint_dcp_new, self.checkpoint_dcp_old):
             shutil.rmtree(path, ignore_errors=True)
 
-    def artifacts(self, per_token_losses: bool) -> dict[str, str]:
+    def artifacts(self, per_token_losses: bool, weights: bool = True) -> dict[str, str]:
         """result.json's `artifacts`: the outputs' names relative to this folder (a copied or
         moved folder then names its own files; artifact() reads them); per_token_losses "" when
-        none were written."""
+        none were written, model "" without weights (train.keep_weights=false)."""
         return {
             "metrics": self.metrics.name, "probes": self.probes.name,
             "per_token_losses": self.per_token_losses.name if per_token_losses else "",
-            "model": self.model_weights.name,
+            "model": self.model_weights.name if weights else "",
         }
 
     def artifact(self, stored: str | None) -> Path | None:

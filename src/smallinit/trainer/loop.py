@@ -403,7 +403,8 @@ class Trainer:
         result = self.result(
             total, self.observer.last, best=self.observer.best, wall_s=self.prior_wall + time.perf_counter() - self.t0,
             tokens_per_s=tok_s, budget_tokens=main.tokens if main else None,
-            artifacts=self.folder.artifacts(per_token_losses=per_token) if self.dist.is_main else {},
+            artifacts=self.folder.artifacts(per_token_losses=per_token, weights=self.trial.train.keep_weights)
+            if self.dist.is_main else {},
         )
         if not self.dist.is_main:
             return result

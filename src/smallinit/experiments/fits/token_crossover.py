@@ -31,6 +31,7 @@ from smallinit.core.trial_dir import TrialDir
 from smallinit.experiments.data.sweep_records import (
     PROTOCOL,
     ReportError,
+    read_record,
     read_table,
     require_record,
 )
@@ -257,7 +258,7 @@ def from_sweep(sweep_dir: Path, results: pd.DataFrame | None = None,
                baseline: str = "baseline", metric: str = schema.FINAL_VAL_LOSS) -> dict | None:
     """The analysis of a per_budget sweep folder, or None when the folder did not choose per budget
     or has no two arms named in its protocol.json."""
-    record = require_record(sweep_dir, PROTOCOL)
+    record, _ = read_record(sweep_dir, PROTOCOL)  # a damaged one reads as absent: load() has named it
     if record is None or not record.get("per_budget"):
         return None
     chosen: dict[str, dict[int, float]] = {}

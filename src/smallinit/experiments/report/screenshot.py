@@ -18,6 +18,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+from smallinit.core import written
+from smallinit.core.errors import ConfigError
+
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable", "chrome")
 
 
@@ -71,11 +74,16 @@ def screenshot(page: Path, out: Path, width: int = 1280, height: int | None = No
     if height is None:
         height = page_info(page, browser, width, timeout)["height"] + 40
     out = Path(out).resolve()
-    out.unlink(missing_ok=True)
-    res = _run(browser, [f"--screenshot={out}", f"--window-size={width},{height}", page.resolve().as_uri()], timeout)
-    if not out.exists():
-        raise RuntimeError(f"chromium wrote no screenshot: {res.stderr.strip()[-300:]}")
-    _trim_bottom(out)
+    written.check(out.parent, [out.name])  # never over a file no command of ours wrote (core/written.py)
+    with tempfile.TemporaryDirectory() as tmp:
+        shot = Path(tmp) / "screenshot.png"
+        res = _run(browser, [f"--screenshot={shot}", f"--window-size={width},{height}", page.resolve().as_uri()], timeout)
+        if not shot.exists():
+            raise RuntimeError(f"chromium wrote no screenshot: {res.stderr.strip()[-300:]}")
+        _trim_bottom(shot)
+        # Listed in the report folder's .written.json: the next report reads it as its own.
+        written.write_outputs(out.parent, {out.name: shot.read_bytes()}, by="smallinit.experiments.report.screenshot",
+                              adopt=True)
     return out
 
 
@@ -107,8 +115,12 @@ def main(argv: list[str] | None = None) -> int:
         print("error: no chromium found; install it (Debian: apt-get install -y chromium)", file=sys.stderr)
         return 2
     info = page_info(page, browser, a.width)
-    out = screenshot(page, Path(a.out) if a.out else page.parent / "screenshot.png", a.width,
-                     a.height or info["height"] + 40, browser)
+    try:
+        out = screenshot(page, Path(a.out) if a.out else page.parent / "screenshot.png", a.width,
+                         a.height or info["height"] + 40, browser)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     print(f"{info['images-loaded']}/{info['images']} figures rendered, page {a.width}x{info['height']} px; screenshot: {out}")
     return 0 if info["images-loaded"] == info["images"] else 1
 

@@ -23,7 +23,7 @@ RECORD = "fixed_overrides.json"
 # later command sweeps.
 BUDGET_KEYS = ("train.max_tokens", "train.max_steps", "train.tokens_per_param", "train.budgets", "train.budgets_per_param")
 OPERATIONAL = ("hydra.", "ray.", "wandb.", "train.device", "train.threads", "train.compile", "train.log_every",
-               "train.peak_tflops", "data.cache_dir", "name")
+               "train.peak_tflops", "train.keep_weights", "data.cache_dir", "name")
 
 
 def _key(override: str) -> str:
