@@ -3,7 +3,8 @@
 (dtype_check), a WSD branch against a cosine run (wsd_check), the recipe's effective size at the
 crossover record's width (crossover_size), train against held-out loss in the crossover record
 (train_val), the lead per schedule from whole runs (whole_runs), the record's claims judged again
-from its own numbers (record_claims), and the docs' quoted numbers held to their records (quoted).
+from its own numbers (record_claims), the docs' quoted numbers held to their records (quoted), and
+a long record's finished trials carried between machines in git (keep).
 
 They are the paper's one-off scripts over committed records, not the analysis library, so they sit
 outside the installed package (src/smallinit): run them from the repository root as
