@@ -250,3 +250,13 @@ def test_a_saddle_shaped_gap_is_named_and_its_crossings_are_read_as_one_point():
     additive = crossover(*gap_frames()).saddle()  # no interaction in truth: far from the lines
     # b3 is near 0, so the saddle sits at no width or budget anyone trains, far from the lines.
     assert not additive["near_lines"] and abs(additive["offset_nats"]) > 1 and "runs along" not in saddle_text(additive)
+
+
+def test_a_degenerate_law_reports_its_coefficients_as_inf_not_an_overflow():
+    """A fit to a few tiny cells once gave alpha ~ 63: A = exp(a) n_ref^alpha is past any float."""
+    import math
+
+    from smallinit.experiments.fits.effective_size import Law
+
+    law = Law(theta=(-20.88, -45.41, 2.09, 62.67, 0.04), n_ref=213471.94, d_ref=1024.0, objective=0.0069)
+    assert law.A == math.inf and math.isfinite(law.B) and f"{law.A:.3g}" == "inf"

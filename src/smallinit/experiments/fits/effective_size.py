@@ -120,6 +120,10 @@ def _objective(theta, x, y, log_l):
     return float(_huber(r).sum()), grad
 
 
+def _exp(x: float) -> float:
+    return math.exp(x) if x < 709.0 else math.inf
+
+
 @dataclass(frozen=True)
 class Law:
     """L = E + A N^-alpha + B D^-beta; theta = (e, a, b, alpha, beta) with N/n_ref, D/d_ref."""
@@ -132,8 +136,10 @@ class Law:
     E = property(lambda s: math.exp(s.theta[0]))
     alpha = property(lambda s: s.theta[3])
     beta = property(lambda s: s.theta[4])
-    A = property(lambda s: math.exp(s.theta[1]) * s.n_ref**s.theta[3])
-    B = property(lambda s: math.exp(s.theta[2]) * s.d_ref**s.theta[4])
+    # In log space: a degenerate fit on a few cells (alpha ~ 60) makes A past any float, which is
+    # then inf (and printed so) rather than an OverflowError that stops the whole report.
+    A = property(lambda s: _exp(s.theta[1] + s.theta[3] * math.log(s.n_ref)))
+    B = property(lambda s: _exp(s.theta[2] + s.theta[4] * math.log(s.d_ref)))
 
     def loss(self, n, d):
         e, a, b, al, be = self.theta
