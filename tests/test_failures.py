@@ -255,7 +255,9 @@ def test_a_trial_folder_removed_while_it_trains_fails_with_its_reason_and_the_re
     while time.time() < deadline and driver.poll() is None and removed is None:
         for checkpoint in trials.glob("*/checkpoint.pt"):
             removed = checkpoint.parent
-            shutil.rmtree(removed)
+            # rm -rf in one step: rmtree alone races the trial's next write (ENOTEMPTY in CI)
+            removed.rename(tmp_path / "trial_removed")
+            shutil.rmtree(tmp_path / "trial_removed")
         time.sleep(0.2)
     assert removed is not None, "the trial never checkpointed"
     out, err = driver.communicate(timeout=600)

@@ -75,11 +75,17 @@ def install() -> None:
 def handlers_kept():
     """Keep this module's SIGINT/SIGTERM handlers while Ray starts: ray.init sets SIGTERM to
     `sys.exit(15)`, and a TERM in the seconds before install() runs again would exit 15 with no
-    table. Other signals pass to signal.signal as asked."""
+    table. Other signals pass to signal.signal as asked.
+
+    Ray's core worker also installs Abseil's failure-signal handler for SIGTERM, in C, in front
+    of ours: it prints a stack, passes the signal on, and arms a 3 s alarm that aborts the
+    process (SIGABRT, status -6). A clean stop that takes longer (a loaded machine, a slow
+    table write) then dies mid-way; so once Ray has started, SIGTERM comes straight here again."""
     real = signal.signal
+    ours = {s for s in (signal.SIGINT, signal.SIGTERM) if signal.getsignal(s) is _on_signal}
 
     def keep(signum, handler):
-        if signum in (signal.SIGINT, signal.SIGTERM) and signal.getsignal(signum) is _on_signal:
+        if signum in ours:
             return _on_signal
         return real(signum, handler)
 
@@ -88,6 +94,8 @@ def handlers_kept():
         yield
     finally:
         signal.signal = real
+        for signum in ours:
+            real(signum, _on_signal)  # sigaction again: in front of Abseil's handler
 
 
 def check() -> None:
