@@ -50,11 +50,12 @@ def write_record(path: Path, text: str, by: str, overwrite: bool = False) -> Non
 
 def sweep_table(folder: Path, columns: list[str] | None = None):
     """A sweep's results table through the library's one reader of a sweep folder
-    (smallinit.experiments.data.sweep_records); a missing or damaged one ends the command in one line."""
+    (smallinit.experiments.data.sweep_records), its compared settings under their short names
+    (gamma, lr, train_seed); a missing or damaged one ends the command in one line."""
     from smallinit.experiments.data.sweep_records import ReportError, read_table
 
     try:
-        return read_table(Path(folder), columns=columns)
+        return read_table(Path(folder), columns=columns, short_names=True)
     except ReportError as e:
         raise SystemExit(f"error: {e}") from None
 

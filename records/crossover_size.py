@@ -42,8 +42,8 @@ LOSS = schema.FINAL_VAL_LOSS
 # The warmup is held in steps: a widths sweep that stops at a smaller largest budget than the record
 # (registry_widths at 8M beside crossover_registry's 16M) has a larger warmup_frac for the same 102 steps.
 SAME_ARM = ("gamma", "eps", "gate", "norm", "n_layers", "ffn", "dtype", "config/model.n_heads", "config/optim.schedule",
-            "warmup_steps", "config/optim.weight_decay", "config/train.batch_size", "config/train.seq_len",
-            "config/train.cooldown_frac", "config/train.eval_tokens", "config/data.task", "config/data.corpus",
+            "warmup_steps", "weight_decay", "config/train.batch_size", "config/train.seq_len",
+            "config/train.cooldown_frac", "config/train.eval_tokens", "task", "config/data.corpus",
             "config/data.vocab_size", "config/data.val_fraction", "config/data.split_seed")
 E_VALUES = (0.0, 1.0, 2.0, 3.0)
 HEADS = "config/model.n_heads"
@@ -66,13 +66,13 @@ def chosen_rows(sweep: Path) -> pd.DataFrame:
     for c in record.get("choices", []):
         mine = np.ones(len(df), bool)
         for key, value in c["setting"].items():
-            mine &= (df[f"{schema.PARAM_PREFIX}{key}"] == value).to_numpy()
+            mine &= (df[schema.analysis_column(key)] == value).to_numpy()
         for x in c.get("chosen_by_budget") or []:
             at = (df[schema.BUDGET_TOKENS] == x["budget_tokens"]).to_numpy()
             lr = df["lr"].map(_lr_key).to_numpy() == _lr_key(x["chosen"]["optim.lr"])
             keep |= mine & at & lr
     df = df[keep]
-    arm = df["param.arm"] if "param.arm" in df else pd.Series("baseline", index=df.index)
+    arm = df["config/arm"] if "config/arm" in df else pd.Series("baseline", index=df.index)
     n = non_embedding_params(df["n_params"].to_numpy(float), df["d_model"].to_numpy(),
                              int(df["config/model.vocab_size"].iloc[0]) if len(df) else 0,
                              bool(df["config/model.tie_embeddings"].iloc[0]) if len(df) else False)
@@ -246,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--crossover", type=Path, help="the crossover record's sweep folder")
     ap.add_argument("--widths", type=Path, help="the crossover_widths sweep folder (baseline at other widths)")
     ap.add_argument("--scaling-law", type=Path, help="scaling_law's summary.json, to refit its cells jointly")
-    ap.add_argument("--baseline", default="baseline", help="the baseline arm's name (param.arm)")
+    ap.add_argument("--baseline", default="baseline", help="the baseline arm's name (config/arm)")
     ap.add_argument("--out", type=Path, help="also write the markdown here")
     ap.add_argument("--append", action="store_true", help="add to --out after a blank line (a record's checks.md "
                                                           "that another check wrote first)")

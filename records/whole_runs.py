@@ -67,7 +67,7 @@ KINDS = {
 class Sweep:
     name: str
     schedule: str
-    runs: pd.DataFrame  # complete confirm runs: budget, train_seed, param.arm, lr, final_val_loss, ...
+    runs: pd.DataFrame  # complete confirm runs: budget, train_seed, config/arm, lr, final_val_loss, ...
 
     def at(self, budget: int, arm: str, seeds: list[int]) -> pd.DataFrame | None:
         """This arm's runs at `budget`, one per seed in `seeds` order, or None where a seed is missing."""
@@ -90,7 +90,7 @@ def same_corpus(a: Sweep, b: Sweep) -> bool:
 
 def load(path: Path, arm: str | None = None) -> Sweep:
     """A sweep's complete confirm runs. `arm` names the one arm a sweep trained where it did not sweep
-    one (the shared-lr sweeps fix `arm=small`, so their table has no param.arm); check_same then holds
+    one (the shared-lr sweeps fix `arm=small`, so their table has no config/arm); check_same then holds
     its γ, eps, gate and norm to that arm's in the other sweeps."""
     runs = _complete(path)
     if arm is not None:
@@ -271,8 +271,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("sweeps", type=Path, nargs="+", help="sweeps of both arms, each arm at its chosen lr, any schedule")
     ap.add_argument("--shared", type=Path, nargs="*", default=[], help="sweeps of the recipe alone at the baseline's chosen lr")
     ap.add_argument("--seeds", default="1-6", help="the confirm seeds every comparison pairs over: 1-6 or 1,2,3")
-    ap.add_argument("--baseline", default="baseline", help="the baseline arm's name (param.arm)")
-    ap.add_argument("--recipe", default="small", help="the recipe arm's name (param.arm)")
+    ap.add_argument("--baseline", default="baseline", help="the baseline arm's name (config/arm)")
+    ap.add_argument("--recipe", default="small", help="the recipe arm's name (config/arm)")
     ap.add_argument("--family", default=",".join(WHOLE_RUNS_FAMILY),
                     help=f"the kinds of comparison the record's rule reads, comma-separated, of {sorted(KINDS)}")
     ap.add_argument("--every-budget", action="store_true",

@@ -26,7 +26,7 @@ from . import OVERWRITE_HELP, sweep_protocol, sweep_table, write_record
 # What makes a branch and a cosine run the same trial but for the schedule and its lr.
 MATCH = ("d_model", "n_layers", "gamma", "eps", "gate", "norm", "init_seed", "train_seed")
 LOSS = "final_val_loss"
-ARM = "param.arm"  # the arm's name, where the sweeps swept one (matched too, and used to label rows)
+ARM = "config/arm"  # the arm's name, where the sweeps swept one (matched too, and used to label rows)
 
 
 def _complete(sweep: Path) -> pd.DataFrame:
@@ -43,12 +43,12 @@ def at_budget_choice(df: pd.DataFrame, sweep: Path) -> pd.DataFrame:
     """A sweep that chose each budget's lr (protocol per_budget) runs its confirm seeds at several
     lrs: keep, per arm and budget, only the branches at the lr that budget chose."""
     record = sweep_protocol(sweep)
-    if not record.get("per_budget") or "param.arm" not in df:
+    if not record.get("per_budget") or ARM not in df:
         return df
     chosen = {(c["setting"].get("arm"), int(x["budget_tokens"])): float(f"{x['chosen']['optim.lr']:.6g}")
               for c in record.get("choices", []) for x in c.get("chosen_by_budget") or []}
     keep = [chosen.get((arm, int(b))) == float(f"{lr:.6g}")
-            for arm, b, lr in zip(df["param.arm"], df["budget_tokens"], df["lr"])]
+            for arm, b, lr in zip(df[ARM], df["budget_tokens"], df["lr"])]
     return df[keep]
 
 
@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cosine", type=Path, required=True, help="the sweep of dedicated runs, one per budget")
     ap.add_argument("--out", type=Path, help="also write the table (markdown) here")
     ap.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
-    ap.add_argument("--baseline", default="baseline", help="the arm (param.arm) the other's branch cost is compared with")
+    ap.add_argument("--baseline", default="baseline", help="the arm (config/arm) the other's branch cost is compared with")
     args = ap.parse_args(argv)
     pairs = pair(_complete(args.wsd), _complete(args.cosine))
     if pairs.empty:

@@ -9,7 +9,8 @@ from smallinit.sweeper.results.summary import best_setting_line
 
 
 def _table(rows):
-    return pd.DataFrame(rows, columns=["param.init.gamma", "param.seed", "budget_tokens", "final_val_loss"])
+    df = pd.DataFrame(rows, columns=["config/init.gamma", "config/seed", "budget_tokens", "final_val_loss"])
+    return df.assign(swept="init.gamma,seed")
 
 
 def test_the_best_setting_is_the_lowest_seed_mean_not_the_luckiest_trial():
@@ -40,15 +41,16 @@ def test_a_budgets_table_ranks_settings_at_the_largest_budget():
 
 def test_no_line_without_two_seeds_of_a_setting_or_without_seeds():
     assert best_setting_line(_table([(0.5, 0, 1024, 6.4), (1.0, 1, 1024, 6.5)])) is None
-    assert best_setting_line(_table([]).drop(columns=["param.seed"])) is None
+    assert best_setting_line(_table([]).drop(columns=["config/seed"])) is None
 
 
 def test_a_grown_grid_whose_settings_leave_a_key_empty_still_gets_its_line():
     """A folder first swept over gamma, then over lr at the default gamma: rows of a setting that
     did not sweep a key hold it empty (where the trial's config could not fill it), and the
     line pairs such a setting by seed like any other."""
-    df = pd.DataFrame({"param.init.gamma": [0.5, 0.5, None, None], "param.optim.lr": [None, None, 1e-3, 1e-3],
-                       "param.seed": [0, 1, 0, 1], "budget_tokens": 1024, "final_val_loss": [6.4, 6.5, 6.3, 6.3]})
+    df = pd.DataFrame({"config/init.gamma": [0.5, 0.5, None, None], "config/optim.lr": [None, None, 1e-3, 1e-3],
+                       "config/seed": [0, 1, 0, 1], "budget_tokens": 1024, "final_val_loss": [6.4, 6.5, 6.3, 6.3],
+                       "swept": "init.gamma,optim.lr,seed"})
     assert best_setting_line(df) == (
         "best setting: init.gamma=(not swept) optim.lr=0.001, val loss 6.3000 (mean of 2 seeds), ahead of init.gamma=0.5 "
         "optim.lr=(not swept) by 0.1500 nats (95% interval -0.4853 to 0.7853, paired over 2 seeds; it holds 0: not separated); "

@@ -103,7 +103,7 @@ echo LEFT; ps -e -o pid=,args= | grep -v -e 'ps -e' -e grep -e '^ *1 ' ; echo EN
     left = output.split("LEFT", 1)[1].split("END", 1)[0].strip()
     assert left == "", f"`ray stop` left these running: {left}"
     df = pd.read_parquet(tmp_path / "sweeps" / "cluster" / "results.parquet")
-    assert sorted(df["param.init.gamma"]) == [0.5, 1.0] and set(df["state"]) == {"COMPLETE"}
+    assert sorted(df["config/init.gamma"]) == [0.5, 1.0] and set(df["state"]) == {"COMPLETE"}
     assert (df["final_val_loss"] > 0).all()
     assert df["node_id"].nunique() == 2, "one trial per 1-CPU node: both nodes must have run one"
 

@@ -25,7 +25,7 @@ def law(n: float, d: float) -> float:
 
 
 def _row(arm, d_model, n_nonembed, seed, lr, budget, loss, role="confirm", gamma=0.5):
-    return {"state": "COMPLETE", "role": role, "param.arm": arm, "param.seed": seed, "param.model.d_model": d_model,
+    return {"state": "COMPLETE", "role": role, "config/arm": arm, "config/seed": seed, "param.model.d_model": d_model,
             "lr": lr, "budget_tokens": budget, "final_val_loss": loss, "d_model": d_model,
             "n_params": n_nonembed + 2 * VOCAB * d_model, "train_seed": seed, "config/model.vocab_size": VOCAB,
             "config/model.tie_embeddings": False, "gamma": gamma, "eps": 1e-5, "gate": "none", "norm": "rmsnorm",
@@ -41,7 +41,7 @@ def _write(folder: Path, rows: list[dict], choices: list[dict], drop_arm: bool =
     folder.mkdir()
     df = pd.DataFrame(rows)
     if drop_arm:
-        df = df.drop(columns=["param.arm"])
+        df = df.drop(columns=["config/arm"])
     else:
         df = df.drop(columns=["param.model.d_model"])
     df.to_parquet(folder / "results.parquet")

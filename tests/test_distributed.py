@@ -255,7 +255,7 @@ def test_a_sweep_trial_on_two_ray_train_workers_ends_as_on_one(tmp_path, data_ca
         assert log.count(f"[rank {rank}] rank {rank}/2 of trial {b.path.name}") == 1, log
         assert f"[rank {rank}] dtype: fp32" in log
     assert b.read_result()["steps"] == 20 and b.model_weights.exists()
-    df = pd.read_parquet(tmp_path / "sweeps" / "two" / "results.parquet").set_index("train_seed")
+    df = pd.read_parquet(tmp_path / "sweeps" / "two" / "results.parquet").set_index("config/train.seed")
     assert list(df["state"]) == ["COMPLETE"] * 2 and list(df["workers"]) == [2, 2]
     assert df.loc[0, "final_val_loss"] == pytest.approx(la[20]["val/loss"], rel=1e-5)
 

@@ -279,7 +279,8 @@ def test_a_row_whose_folder_lost_its_settings_takes_the_swept_values_from_the_st
     folder = TrialDir.in_sweep(tmp_path, "0123456789ab")
     folder.write_failure("the folder was removed while the trial trained", "", failures.TRANSIENT)
     df = build_table(tmp_path, {"0123456789ab": {"number": 3, "state": "FAIL", "params": {"init.gamma": 1.0}}})
-    assert df["param.init.gamma"].tolist() == [1.0] and df["trial_number"].tolist() == [3]
+    assert df["config/init.gamma"].tolist() == [1.0] and df["trial_number"].tolist() == [3]
+    assert df["swept"].tolist() == ["init.gamma"]
     assert df["fail_reason"].tolist() == ["the folder was removed while the trial trained"]
 
 

@@ -19,7 +19,7 @@ def test_a_lost_or_damaged_finished_trial_is_named_and_trained_again(tmp_path, d
     first = sweep(tmp_path, data_cache, *GRID)
     assert first.returncode == 0, first.stderr[-3000:]
     sweep_dir = tmp_path / "sweeps" / "rec"
-    before = table(tmp_path, "rec").sort_values("param.init.gamma").reset_index(drop=True)
+    before = table(tmp_path, "rec").sort_values("config/init.gamma").reset_index(drop=True)
     assert before["state"].tolist() == ["COMPLETE"] * 3
     gone, garbage, bad_meta = (sweep_dir / p for p in before["trial_dir"])
     shutil.rmtree(gone)  # rm -rf trials/<id>
@@ -38,7 +38,7 @@ def test_a_lost_or_damaged_finished_trial_is_named_and_trained_again(tmp_path, d
     assert "rewritten from sweep.json, which holds the same record" in again.stdout
     assert (bad_meta / "trial.json").read_bytes() != b"\xfe\xfe" and len(list(bad_meta.glob("trial.json.corrupt-*"))) == 1
 
-    after = table(tmp_path, "rec").sort_values("param.init.gamma").reset_index(drop=True)
+    after = table(tmp_path, "rec").sort_values("config/init.gamma").reset_index(drop=True)
     assert after["state"].tolist() == ["COMPLETE"] * 3 and after["identity"].tolist() == before["identity"].tolist()
     assert all(math.isfinite(v) for v in after["final_val_loss"]) and (after["n_params"] > 0).all()
     # Same config, same seed, same machine: the trial trained again gives the same loss.

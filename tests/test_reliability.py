@@ -166,8 +166,8 @@ def test_a_trial_whose_worker_died_before_training_keeps_its_row(tmp_path):
     df = build_table(tmp_path, {trial.identity(): {"number": 0, "state": "FAIL", "fail_reason": reason}})
     assert len(df) == 1
     row = df.iloc[0]
-    assert row["state"] == "FAIL" and row["fail_reason"] == reason and row["param.init.gamma"] == 0.5
-    assert row["model"] == "micro-moe" and row["gamma"] == trial.model.init.gamma
+    assert row["state"] == "FAIL" and row["fail_reason"] == reason and row["swept"] == "init.gamma"
+    assert row["config/model.preset"] == "micro-moe" and row["config/init.gamma"] == trial.model.init.gamma
 
 
 def _open_at(url: str, start: float, results) -> None:

@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from smallinit.core import results_schema as schema
 from smallinit.experiments.claims import claims as claims_mod
 from smallinit.experiments.data.load import load
 from smallinit.experiments.fits.scaling import effective_size, fit_power_law
@@ -126,7 +127,7 @@ def test_effective_size_says_what_is_missing_with_one_size(summary):
 def test_token_delta_matches_the_per_token_files(tiny_sweep, summary):
     tok = summary["tokens"]
     assert tok["a"].startswith("γ=1") and tok["b"].startswith("γ=0.5")
-    df = pd.read_parquet(tiny_sweep / "results.parquet")
+    df = schema.analysis_names(pd.read_parquet(tiny_sweep / "results.parquet"))
     a = df[(df["gamma"] == 1.0) & (df["eps"] == 1e-12)].set_index("train_seed")
     b = df[(df["gamma"] == 0.5) & (df["eps"] == 1e-5)].set_index("train_seed")
     per_seed = []
@@ -193,7 +194,7 @@ def _expected_lead(tiny_sweep: Path) -> tuple[str, str]:
     """The best setting's line and the best-γ sentence, computed here from results.parquet."""
     from scipy import stats
 
-    df = pd.read_parquet(tiny_sweep / "results.parquet")
+    df = schema.analysis_names(pd.read_parquet(tiny_sweep / "results.parquet"))
     df = df[df["state"] == "COMPLETE"].assign(eps_label=lambda d: d["eps"].map(lambda e: f"{e:.0e}".replace("e-0", "e-")))
     means = df.groupby(["gamma", "eps_label"])["final_val_loss"].mean().sort_values()
     (g1, e1), (g2, e2) = means.index[:2]

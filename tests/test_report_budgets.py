@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from smallinit.core import results_schema as schema
 from smallinit.experiments.claims import budgets
 from smallinit.experiments.data.load import LOSS, load_report
 from smallinit.experiments.fits.effective_size import non_embedding_params
@@ -176,7 +177,7 @@ def test_a_budgets_sweep_under_select_then_confirm_reports_the_fit_and_a_rerun_c
     s = json.loads((out / "summary.json").read_text())
 
     # Compared on confirm rows only, every budget of both arms (each budget keeps its trial's lr).
-    res = pd.read_parquet(sweep_dir / "results.parquet")
+    res = schema.analysis_names(pd.read_parquet(sweep_dir / "results.parquet"))
     confirm = res[res["role"] == "confirm"]
     es = s["effective_size"]
     assert es["baseline_cells"] == 6 and len(es["cells"]) == 6 and es["fit"]["E"] is not None

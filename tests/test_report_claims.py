@@ -98,8 +98,9 @@ def test_paired_seed_and_arm_overrides_are_not_settings(tmp_path):
     trials that differ only in them belong to one gamma curve, compared paired by seed."""
     d = synthetic_sweep(tmp_path, gain=0.2, sizes=(1e6,), seeds=3)
     df = pd.read_parquet(d / "results.parquet")
-    df["param.seed"] = df["init_seed"]
-    df["param.arm"] = np.where(df["gamma"] == 0.5, "baseline", "small")
+    df["config/seed"] = df["init_seed"]
+    df["config/arm"] = np.where(df["gamma"] == 0.5, "baseline", "small")
+    df["swept"] = "seed,arm"
     df.to_parquet(d / "results.parquet")
     sweep = load([d])
     assert sweep.complete["gamma_curve"].nunique() == 1 and sweep.complete["setting"].nunique() == 1

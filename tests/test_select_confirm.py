@@ -14,6 +14,7 @@ import optuna
 import pandas as pd
 import pytest
 
+from smallinit.core import results_schema as schema
 from smallinit.core.errors import ConfigError
 from smallinit.sweeper.config import protocol
 from smallinit.sweeper.config.config import ProtocolConf
@@ -122,20 +123,20 @@ def test_select_then_confirm_sweep_records_roles_and_choices_and_a_rerun_trains_
     assert proc.returncode == 0, proc.stderr[-3000:]
     sweep_dir = tmp_path / "sweeps" / "sc"
     record = json.loads((sweep_dir / "protocol.json").read_text())
-    df = pd.read_parquet(sweep_dir / "results.parquet")
+    df = schema.analysis_names(pd.read_parquet(sweep_dir / "results.parquet"))  # lr: config/optim.lr
     assert set(df["state"]) == {"COMPLETE"} and df["identity"].is_unique
     tune, confirm = df[df["role"] == "tune"], df[df["role"] == "confirm"]
-    assert set(tune["param.seed"]) == {100} and set(confirm["param.seed"]) == {1, 2}
+    assert set(tune["config/seed"]) == {100} and set(confirm["config/seed"]) == {1, 2}
     assert len(tune) + len(confirm) == len(df)
     for choice in record["choices"]:
         arm, lr = choice["setting"]["arm"], choice["chosen"]["optim.lr"]
-        mine = tune[tune["param.arm"] == arm]
+        mine = tune[tune["config/arm"] == arm]
         # The choice is the tuning seed's lowest loss among the values tried, extensions included.
         assert lr == mine.loc[mine["final_val_loss"].idxmin(), "lr"]
         assert sorted(mine["lr"]) == choice["tried"]["optim.lr"]
         if choice["extensions"]:  # the first choice sat at an edge: one value past it was run
             assert len(choice["tried"]["optim.lr"]) == 3
-        assert sorted(confirm[confirm["param.arm"] == arm]["lr"]) == [lr, lr]
+        assert sorted(confirm[confirm["config/arm"] == arm]["lr"]) == [lr, lr]
     trials = study_trials(sweep_dir, "sc")
     assert {t.user_attrs["role"] for t in trials} == {"tune", "confirm"}
     assert optuna.load_study(study_name="sc", storage=f"sqlite:///{sweep_dir / 'optuna.db'}").user_attrs["protocol"] == record

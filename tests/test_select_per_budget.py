@@ -10,6 +10,7 @@ import math
 import pandas as pd
 import pytest
 
+from smallinit.core import results_schema as schema
 from smallinit.core.errors import ConfigError
 from smallinit.sweeper.config import protocol
 from smallinit.sweeper.config.config import ProtocolConf
@@ -102,17 +103,17 @@ def test_a_per_budget_sweep_chooses_from_the_branches_and_confirms_each_choice(t
     assert proc.returncode == 0, proc.stderr[-3000:]
     sweep_dir = tmp_path / "sweeps" / "pb"
     record = json.loads((sweep_dir / "protocol.json").read_text())
-    df = pd.read_parquet(sweep_dir / "results.parquet")
+    df = schema.analysis_names(pd.read_parquet(sweep_dir / "results.parquet"))  # lr: config/optim.lr
     tune, confirm = df[df["role"] == "tune"], df[df["role"] == "confirm"]
     assert record["per_budget"] is True
     for choice in record["choices"]:
         arm = choice["setting"]["arm"]
-        mine = tune[tune["param.arm"] == arm]
+        mine = tune[tune["config/arm"] == arm]
         chosen = {c["budget_tokens"]: c["chosen"]["optim.lr"] for c in choice["chosen_by_budget"]}
         for tokens, lr in chosen.items():  # each budget's choice is its own branch's lowest loss
             rows = mine[mine["budget_tokens"] == tokens]
             assert lr == rows.loc[rows["final_val_loss"].idxmin(), "lr"]
-        confirmed = confirm[(confirm["param.arm"] == arm) & (confirm["budget_tokens"] == 1024)]
+        confirmed = confirm[(confirm["config/arm"] == arm) & (confirm["budget_tokens"] == 1024)]
         assert sorted(confirmed["lr"]) == sorted([lr for lr in set(chosen.values()) for _ in (1, 2)])
     assert "1,024 tokens: optim.lr=" in proc.stdout
 
@@ -127,8 +128,8 @@ def test_a_per_budget_sweep_chooses_from_the_branches_and_confirms_each_choice(t
     for g in summary["budgets"]:
         assert g["n"] == 2 and g["lr_baseline"] == chosen["baseline"][g["tokens"]]
         at = confirm[confirm["budget_tokens"] == g["tokens"]]
-        rec = at[(at["param.arm"] == "small") & (at["lr"] == chosen["small"][g["tokens"]])]["final_val_loss"].mean()
-        base = at[(at["param.arm"] == "baseline") & (at["lr"] == chosen["baseline"][g["tokens"]])]["final_val_loss"].mean()
+        rec = at[(at["config/arm"] == "small") & (at["lr"] == chosen["small"][g["tokens"]])]["final_val_loss"].mean()
+        base = at[(at["config/arm"] == "baseline") & (at["lr"] == chosen["baseline"][g["tokens"]])]["final_val_loss"].mean()
         assert g["gap"] == pytest.approx(rec - base)
     assert summary["decision"].startswith("no crossover estimate")  # 2 budgets: no line
     assert "Where the gap crosses" in (out / "index.html").read_text()

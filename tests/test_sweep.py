@@ -38,9 +38,10 @@ def test_card_command_runs_every_trial_once_and_a_rerun_trains_nothing(tmp_path,
     sweep_dir = tmp_path / "sweeps" / "card"
     df = pd.read_parquet(sweep_dir / "results.parquet")
     assert len(df) == 8 and set(df["state"]) == {"COMPLETE"} and df["identity"].is_unique
-    assert sorted(zip(df["param.init.gamma"], df["param.norm.eps"])) == sorted(
+    assert sorted(zip(df["config/init.gamma"], df["config/norm.eps"])) == sorted(
         (g, e) for g in (0.5, 0.75, 1.0, 1.25) for e in (1e-5, 1e-12))
-    assert (df["gamma"] == df["param.init.gamma"]).all() and (df["eps"] == df["param.norm.eps"]).all()
+    assert set(df["swept"]) == {"init.gamma,norm.eps"}  # each value once: no param.*, gamma or eps copies
+    assert not {"gamma", "eps", "param.init.gamma", "config/model.init.gamma"} & set(df.columns)
     assert (df["final_val_loss"] > 0).all() and (df["n_params"] > 0).all() and (df["tokens"] == 1024).all()
     trials = study_trials(sweep_dir, "card")
     assert len(trials) == 8 and {t.state for t in trials} == {optuna.trial.TrialState.COMPLETE}
@@ -111,7 +112,7 @@ def test_a_failing_trial_is_recorded_and_the_others_finish(tmp_path, data_cache)
                  "train.max_tokens=4096", "wandb.mode=disabled", "name=fails")
     assert proc.returncode == 1, proc.stderr[-3000:]  # the others finished, and the status says one did not
     assert proc.stderr.strip().splitlines()[-1].startswith("error: 1 of 2 trials of this run failed")
-    df = pd.read_parquet(tmp_path / "sweeps" / "fails" / "results.parquet").set_index("param.optim.lr")
+    df = pd.read_parquet(tmp_path / "sweeps" / "fails" / "results.parquet").set_index("config/optim.lr")
     assert df.loc[1e-3, "state"] == "COMPLETE"
     assert df.loc[1e12, "state"] == "FAIL" and "diverged at step" in df.loc[1e12, "fail_reason"]
     trials = {t.params["optim.lr"]: t for t in study_trials(tmp_path / "sweeps" / "fails", "fails")}
@@ -203,8 +204,8 @@ def test_results_columns_are_documented():
     from smallinit.core import results_schema as schema
 
     readme = (REPO / "docs" / "sweeps.md").read_text()  # "The results table", linked from the README
-    # Every column the schema defines (the table's own list), and the swept keys' prefix.
-    for column in [*schema.COLUMNS, f"{schema.PARAM_PREFIX}<key>", f"{schema.CONFIG_PREFIX}<key>", schema.RESULTS_CSV]:
+    # Every column the schema defines (the table's own list), the settings' prefix, the old names' map.
+    for column in [*schema.COLUMNS, f"{schema.CONFIG_PREFIX}<key>", schema.RESULTS_CSV, "param.<key>", *schema.SHORT_NAMES]:
         assert f"`{column}`" in readme, column
 
 

@@ -82,7 +82,7 @@ def test_from_sweep_reads_the_chosen_lrs_of_a_per_budget_record(tmp_path):
         for arm, c in CHOSEN.items()]}
     (tmp_path / "protocol.json").write_text(json.dumps(record))
     r = rows(d_star=3e6, slope=-0.05)
-    df = pd.DataFrame({"state": "COMPLETE", "role": "confirm", "param.arm": r["arm"], "param.seed": r["seed"],
+    df = pd.DataFrame({"state": "COMPLETE", "role": "confirm", "config/arm": r["arm"], "config/seed": r["seed"],
                        "lr": r["lr"], "budget_tokens": r["budget_tokens"], "final_val_loss": r["loss"]})
     out = tc.from_sweep(tmp_path, df)
     assert out["recipe"] == "small" and out["line"].n == 6 and out["chosen"]["baseline"][BUDGETS[0]] == 16e-3
@@ -107,9 +107,9 @@ def test_the_section_draws_both_figures_and_keeps_the_line_in_the_summary(tmp_pa
 
 def test_the_status_grid_names_each_rows_seeds_and_a_budget_fewer_seeds_reached():
     """A row's mean is over its own seeds; a budget a running trial has not reached says n."""
-    r = pd.DataFrame({"param.arm": ["baseline"] * 4 + ["small"] * 3,
+    r = pd.DataFrame({"config/arm": ["baseline"] * 4 + ["small"] * 3,
                       "lr": [4e-3] * 4 + [2e-3] * 3,
-                      "param.seed": [1, 1, 2, 2, 1, 1, 2],
+                      "config/seed": [1, 1, 2, 2, 1, 1, 2],
                       "budget_tokens": [10, 20, 10, 20, 10, 20, 10],
                       "final_val_loss": [5.0, 4.0, 5.2, 4.2, 5.1, 4.1, 5.3]})
     header, body = tc.loss_grid(r, "final_val_loss")

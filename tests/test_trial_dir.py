@@ -188,10 +188,8 @@ def _sweep(root) -> dict[str, dict]:
 # folders still load. A column of only None is stored as null.
 PARQUET_TYPES = {
     "trial_number": "int64", "identity": "string", "trial_identity": "string", "state": "string", "fail_reason": "string", "role": "null",
-    "param.init.gamma": "double", "param.seed": "int64", "model": "string", "n_params": "double",
-    "d_model": "int64", "n_layers": "int64", "gamma": "double", "init_seed": "int64", "eps": "double",
-    "norm": "string", "gate": "string", "ffn": "string", "task": "string", "train_seed": "int64", "lr": "double",
-    "weight_decay": "double", "workers": "int64", "dtype": "string", "budget_tokens": "int64", "tokens": "double", "corpus_tokens": "null", "final_val_loss": "double",
+    "swept": "string", "n_params": "double", "workers": "int64", "dtype": "string", "budget_tokens": "int64", "tokens": "double",
+    "corpus_tokens": "null", "final_val_loss": "double",
     "best_val_loss": "double", "unigram_entropy": "double", "wall_s": "double", "tokens_per_s": "double",
     "mfu": "null", "node_id": "string", "attempts": "int64", "trial_dir": "string", "metrics_path": "string",
     "per_token_losses_path": "string", "probes_dir": "string", "attn_sink": "double", "stable_rank": "double",
@@ -208,7 +206,8 @@ def test_the_sweepers_table_has_the_schemas_columns_and_types(tmp_path):
     stored = [(f.name, str(f.type).removeprefix("large_")) for f in pq.read_schema(path)]
     fixed = [(n, t) for n, t in stored if not n.startswith(schema.CONFIG_PREFIX)]
     assert fixed == list(PARQUET_TYPES.items())  # names, order and types
-    assert stored[:len(fixed)] == fixed  # the config/<key> columns come last
+    assert stored[:len(fixed)] == fixed  # the config/<key> columns come last, the swept ones first
+    assert [n for n, _ in stored[len(fixed):len(fixed) + 2]] == ["config/init.gamma", "config/seed"]
     df = pd.read_parquet(path)
     assert all(schema.is_known_column(c) for c in df.columns)
     for column in schema.COLUMNS.values():  # each known value is of its declared kind
@@ -231,15 +230,20 @@ def test_the_table_has_every_config_key_as_a_column_and_a_csv_twin(tmp_path):
     path = write_table(tmp_path, build_table(tmp_path, states))
     df = pd.read_parquet(path)
     trial = _trial(0.5, 0)
-    # Every leaf of trial.json's config, swept (init.gamma) or not (optim.lr, train.max_tokens).
+    # Every leaf of trial.json's config, swept (init.gamma) or not (optim.lr, train.max_tokens),
+    # by the key a user types, and each value under that one name.
     flat = schema.config_columns(trial.to_dict())
     assert set(flat) <= set(df.columns)
-    assert {"config/model.init.gamma", "config/optim.lr", "config/train.max_tokens", "config/preset"} <= set(flat)
+    assert {"config/init.gamma", "config/norm.eps", "config/attn.gate", "config/optim.lr", "config/train.max_tokens",
+            "config/model.preset", "config/model.d_model"} <= set(flat)
+    assert not {"gamma", "lr", "eps", "train_seed", "config/model.init.gamma", "config/preset"} & set(df.columns)
+    assert not [c for c in df.columns if c.startswith("param.")]
+    assert set(df[schema.SWEPT]) == {"init.gamma,seed"} and schema.swept_keys(df) == ["init.gamma", "seed"]
     row = df[df[schema.TRIAL_IDENTITY] == trial.identity()].iloc[0]
-    assert row["config/model.init.gamma"] == 0.5 == row["gamma"]
-    assert row["config/optim.lr"] == trial.optim.lr == row["lr"]
+    assert row["config/init.gamma"] == 0.5
+    assert row["config/optim.lr"] == trial.optim.lr
     assert row["config/train.max_tokens"] == trial.train.max_tokens
-    assert list(df["config/model.init.gamma"]) == [0.5, 1.0, 0.5, 1.0, 2.0]  # the planned trial's from sweep.json
+    assert list(df["config/init.gamma"]) == [0.5, 1.0, 0.5, 1.0, 2.0]  # the planned trial's from sweep.json
     # The CSV twin: the same rows and columns.
     csv = pd.read_csv(schema.csv_path(tmp_path))
     assert list(csv.columns) == list(df.columns) and len(csv) == len(df)
@@ -251,8 +255,8 @@ def test_the_table_has_every_config_key_as_a_column_and_a_csv_twin(tmp_path):
 def test_config_columns_flatten_with_dotted_keys_and_lists_as_json():
     flat = schema.config_columns({"model": {"init": {"gamma": 0.5}, "extra": {}}, "train": {"budgets": [1, 2]},
                                   "preset": None})
-    assert flat == {"config/model.init.gamma": 0.5, "config/model.extra": "{}", "config/train.budgets": "[1, 2]",
-                    "config/preset": None}
+    assert flat == {"config/init.gamma": 0.5, "config/model.extra": "{}", "config/train.budgets": "[1, 2]",
+                    "config/model.preset": None}
 
 
 def test_a_config_key_of_mixed_kinds_is_stored_as_text(tmp_path):
@@ -274,7 +278,7 @@ def test_the_report_reads_what_the_sweeper_wrote(tmp_path):
     sweep = load([tmp_path])
     assert len(sweep.results) == 5 and sorted(sweep.complete["gamma"]) == [0.5, 1.0]
     assert sorted(sweep.complete[LOSS]) == [3.0, 3.5]
-    assert all(c in schema.COLUMNS for c in (*SIZE_COLS, *SEED_COLS, LOSS))
+    assert all(c in schema.COLUMNS or c in schema.SHORT_NAMES for c in (*SIZE_COLS, *SEED_COLS, LOSS))
 
 
 def test_files_written_atomically_honour_the_umask(tmp_path):

@@ -16,7 +16,7 @@ SEEDS = list(range(1, 7))
 def _sweep(name, schedule, losses: dict[str, float], lrs: dict[str, float], seeds=SEEDS, noise=0.0, rng_seed=0,
            budget=B) -> Sweep:
     rng = np.random.default_rng(rng_seed)
-    rows = [{"budget": budget, "train_seed": s, "param.arm": arm, "lr": lrs[arm], "d_model": 128,
+    rows = [{"budget": budget, "train_seed": s, "config/arm": arm, "lr": lrs[arm], "d_model": 128,
              "final_val_loss": loss + noise * rng.normal()} for s in seeds for arm, loss in losses.items()]
     return Sweep(name, schedule, pd.DataFrame(rows))
 
@@ -98,7 +98,7 @@ def test_sweeps_of_different_models_are_refused_in_one_line():
 def test_a_shared_sweep_without_an_arm_column_is_the_recipe_and_must_match_its_recipe(tmp_path):
     from records.whole_runs import load
     cos = _sweep("cos", "cosine", {"baseline": 4.5, "small": 4.49}, {"baseline": 4e-3, "small": 2e-3})
-    cos.runs = cos.runs.assign(gamma=cos.runs["param.arm"].map({"baseline": 0.5, "small": 1.0}))
+    cos.runs = cos.runs.assign(gamma=cos.runs["config/arm"].map({"baseline": 0.5, "small": 1.0}))
 
     def shared(gamma: float) -> Sweep:  # a results table as a sweep with `arm=small` fixed writes it: no param.arm
         (tmp_path / "shared").mkdir(exist_ok=True)
@@ -107,7 +107,7 @@ def test_a_shared_sweep_without_an_arm_column_is_the_recipe_and_must_match_its_r
                      ).to_parquet(tmp_path / "shared" / "results.parquet")
         return load(tmp_path / "shared", arm="small")
 
-    assert set(shared(1.0).runs["param.arm"]) == {"small"}
+    assert set(shared(1.0).runs["config/arm"]) == {"small"}
     check_same([cos, shared(1.0)])
     rows, _ = _read([cos], [shared(1.0)])
     assert [r["comparison"] for r in rows] == ["lead", "lead_shared_lr"]

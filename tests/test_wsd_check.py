@@ -52,7 +52,7 @@ def test_a_per_budget_sweep_pairs_each_budget_with_the_branch_at_that_budgets_lr
     wsd, cosine = _rows()
     # Confirm runs at two lrs, each chosen by one budget; the other lr's branch at that budget is a decoy.
     both = pd.concat([wsd[wsd["role"] == "confirm"].assign(lr=lr, final_val_loss=wsd["final_val_loss"] + off)
-                      for lr, off in ((1e-3, 0.0), (3e-3, 5.0))]).assign(**{"param.arm": "small"})
+                      for lr, off in ((1e-3, 0.0), (3e-3, 5.0))]).assign(**{"config/arm": "small"})
     both.loc[(both["lr"] == 3e-3) & (both["budget_tokens"] == 2000), "final_val_loss"] -= 5.0
     (tmp_path / "wsd").mkdir()
     both.to_parquet(tmp_path / "wsd" / "results.parquet")
@@ -70,14 +70,14 @@ def test_the_arms_branch_costs_are_compared_seed_by_seed():
     budget, the same at the other): the difference table says so, with its interval."""
     wsd, cosine = _rows()
     wsd, cosine = wsd[wsd["role"] == "confirm"], cosine[cosine["role"] == "confirm"]
-    extra = wsd.assign(gamma=0.5, eps=1e-5, gate="none", **{"param.arm": "baseline"})
-    cos_extra = cosine.assign(gamma=0.5, eps=1e-5, gate="none", **{"param.arm": "baseline"})
-    recipe_wsd = wsd.assign(**{"param.arm": "small"})
+    extra = wsd.assign(gamma=0.5, eps=1e-5, gate="none", **{"config/arm": "baseline"})
+    cos_extra = cosine.assign(gamma=0.5, eps=1e-5, gate="none", **{"config/arm": "baseline"})
+    recipe_wsd = wsd.assign(**{"config/arm": "small"})
     recipe_wsd.loc[recipe_wsd["budget_tokens"] == 1000, "final_val_loss"] += 0.05
-    pairs = pair(pd.concat([extra, recipe_wsd]), pd.concat([cos_extra, cosine.assign(**{"param.arm": "small"})]))
-    assert len(pairs) == 12 and set(pairs["param.arm"]) == {"baseline", "small"}
+    pairs = pair(pd.concat([extra, recipe_wsd]), pd.concat([cos_extra, cosine.assign(**{"config/arm": "small"})]))
+    assert len(pairs) == 12 and set(pairs["config/arm"]) == {"baseline", "small"}
     text = arm_difference(pairs, "baseline")
     rows = [r for r in text.splitlines() if r.startswith("| 1,000") or r.startswith("| 2,000")]
     assert rows[0].split(" | ")[4] == "+0.0500" and rows[1].split(" | ")[4] == "+0.0000"
     assert "(small)" in table(pairs) and "(baseline)" in table(pairs)
-    assert arm_difference(pairs[pairs["param.arm"] == "small"], "baseline") is None
+    assert arm_difference(pairs[pairs["config/arm"] == "small"], "baseline") is None

@@ -1,15 +1,20 @@
 """The results table (`results.parquet` in a sweep folder): its columns, in one place.
 
-sweeper/results/results.py writes one row per trial (one per budget for a train.budgets trial) in this order; experiments/data/load.py reads it; the
+sweeper/results/results.py writes one row per trial (one per budget for a train.budgets trial) in this order; experiments/data/sweep_records.py reads it; the
 docs/sweeps.md ("The results table") documents it. A row holds plain Python values (None where a
 trial has no value) and pandas infers the storage type, so an int column with a missing value
-is stored as float64: tables written before this module existed read back unchanged.
+is stored as float64.
 
-Besides the fixed columns a row may carry `param.<key>` (each swept value, after the lead
-columns), the final probe means (finished trials), `anchor_*` accuracies (data=anchor) and, last,
-`config/<key>`: every key of the trial's resolved config (trial.json's `config`), swept or not,
-flattened with dotted keys (`config/model.init.gamma`, `config/optim.lr`), a list or an empty
-mapping as its JSON text. `results.csv` beside the table holds the same rows.
+Each value has one name. Every setting of a trial is a `config/<key>` column, `<key>` being the
+key as typed on the command line (`config/init.gamma`, `config/optim.lr`, `config/model.d_model`),
+swept or not, a list or an empty mapping as its JSON text; a swept key that is no config value
+(`seed`, `arm`) is one too. `swept` names the keys the sweep varied. Besides the fixed columns a
+row may carry the final probe means (finished trials) and `anchor_*` accuracies (data=anchor).
+`results.csv` beside the table holds the same rows.
+
+Tables written before this naming (`param.<key>`, the short `gamma`/`lr`/... columns,
+`config/model.init.gamma`) read as this one through `upgrade` (the rename map, RENAMED);
+the analysis reads the settings it compares under short names (`analysis_names`, SHORT_NAMES).
 """
 
 from __future__ import annotations
@@ -32,9 +37,9 @@ FINAL_VAL_LOSS = "final_val_loss"
 BUDGET_SEP = "@"  # a budget row's identity: <trial identity>@<budget_tokens>
 ROLE = "role"
 
-PARAM_PREFIX = "param."
 CONFIG_PREFIX = "config/"
 ANCHOR_PREFIX = "anchor_"
+SWEPT = "swept"
 
 
 @dataclass(frozen=True)
@@ -52,27 +57,12 @@ LEAD_COLUMNS = (
     Column(STATE, str, "COMPLETE, PRUNED, FAIL or INTERRUPTED"),
     Column(FAIL_REASON, str, "why a FAIL failed"),
     Column(ROLE, str, "tune or confirm: its seed's role under hydra.sweeper.protocol (None without one)"),
-)
-# param.<key> columns go here.
-SETTING_COLUMNS = (
-    Column("model", str, "the preset"),
-    Column("n_params", int, "parameter count (finished trials)"),
-    Column("d_model", int, "width"),
-    Column("n_layers", int, "depth"),
-    Column("gamma", float, "init.gamma"),
-    Column("init_seed", int, "init.seed"),
-    Column("eps", float, "norm.eps"),
-    Column("norm", str, "norm.type"),
-    Column("gate", str, "attn.gate"),
-    Column("ffn", str, "ffn.type"),
-    Column("task", str, "data.task"),
-    Column("train_seed", int, "train.seed"),
-    Column("lr", float, "optim.lr"),
-    Column("weight_decay", float, "optim.weight_decay"),
-    Column("workers", int, "the worker count that trained the trial (part of its identity above 1); "
-                           "1 where its folder does not record one (trials run before it was recorded)"),
+    Column(SWEPT, str, "the keys the sweep varied, comma-separated (their values: config/<key>)"),
 )
 OUTCOME_COLUMNS = (
+    Column("n_params", int, "parameter count (finished trials)"),
+    Column("workers", int, "the worker count that trained the trial (part of its identity above 1); "
+                           "1 where its folder does not record one (trials run before it was recorded)"),
     Column("dtype", str, "what train.dtype resolved to on the machine that ran the trial"),
     Column(BUDGET_TOKENS, int, "the token budget the row is for: its budget (train.budgets), else the trial's planned tokens"),
     Column("tokens", int, "training tokens seen"),
@@ -100,16 +90,31 @@ PROBE_COLUMNS = (
     Column("saturation", float, "final probe mean"),
     Column("residual_ratio", float, "final probe mean"),
 )
-FIXED_COLUMNS = (*LEAD_COLUMNS, *SETTING_COLUMNS, *OUTCOME_COLUMNS, *ARTIFACT_COLUMNS)
+FIXED_COLUMNS = (*LEAD_COLUMNS, *OUTCOME_COLUMNS, *ARTIFACT_COLUMNS)
 COLUMNS = {c.name: c for c in (*FIXED_COLUMNS, *PROBE_COLUMNS)}
 
 
+def config_column(key: str) -> str:
+    """The column of a setting, by the key a user types: `init.gamma` -> `config/init.gamma`."""
+    return f"{CONFIG_PREFIX}{key}"
+
+
 def new_row(params: dict) -> dict:
-    """A row in table order, every fixed column None, the swept params after the lead columns."""
-    row: dict = {c.name: None for c in LEAD_COLUMNS}
-    row.update({f"{PARAM_PREFIX}{k}": v for k, v in params.items()})
-    row.update({c.name: None for c in (*SETTING_COLUMNS, *OUTCOME_COLUMNS, *ARTIFACT_COLUMNS)})
+    """A row in table order, every fixed column None, the swept keys named (their values as
+    config/<key> columns after the fixed ones)."""
+    row: dict = {c.name: None for c in FIXED_COLUMNS}
+    row[SWEPT] = ",".join(params) if params else None
+    row.update({config_column(k): v for k, v in params.items()})
     return row
+
+
+def swept_keys(df) -> list[str]:
+    """The keys a table's sweep varied, in the order first named."""
+    keys: dict[str, None] = {}
+    for cell in (df[SWEPT] if SWEPT in df else []):
+        if isinstance(cell, str) and cell:
+            keys.update(dict.fromkeys(cell.split(",")))
+    return list(keys)
 
 
 def probe_metric(column: Column) -> str:
@@ -123,7 +128,7 @@ def anchor_column(metric: str) -> str:
 
 
 def is_known_column(name: str) -> bool:
-    return name in COLUMNS or name.startswith((PARAM_PREFIX, ANCHOR_PREFIX, CONFIG_PREFIX))
+    return name in COLUMNS or name.startswith((ANCHOR_PREFIX, CONFIG_PREFIX))
 
 
 def budget_identity(identity: str, budget_tokens: int) -> str:
@@ -143,19 +148,99 @@ def csv_path(sweep_dir: str | Path) -> Path:
     return Path(sweep_dir) / RESULTS_CSV
 
 
-def config_columns(config: dict, prefix: str = CONFIG_PREFIX) -> dict:
-    """A trial's resolved config as flat `config/<dotted key>` columns: every leaf, swept or
-    not; a list (or an empty mapping) as its JSON text, so each cell is one plain value."""
+# Where the trial's resolved config (trial.json's `config`, trainer/config.py TrialConfig) keeps
+# a setting the command line names otherwise: the init, norm and attention groups live inside
+# the model, and the preset's name at the top.
+_CONFIG_TO_KEY = (("model.init.", "init."), ("model.norm.", "norm."), ("model.attn.", "attn."), ("preset", "model.preset"))
+
+
+def key_of(config_path: str) -> str:
+    """The command-line key of a dotted path in the resolved config: `model.init.gamma` -> `init.gamma`."""
+    for inside, key in _CONFIG_TO_KEY:
+        if config_path == inside or (inside.endswith(".") and config_path.startswith(inside)):
+            return key + config_path.removeprefix(inside)
+    return config_path
+
+
+def config_columns(config: dict, prefix: str = "") -> dict:
+    """A trial's resolved config as flat `config/<key>` columns, each by its command-line key:
+    every leaf, swept or not; a list (or an empty mapping) as its JSON text, so each cell is one
+    plain value."""
     out: dict = {}
     for key, value in config.items():
-        name = f"{prefix}{key}"
+        path = f"{prefix}{key}"
         if isinstance(value, dict) and value:
-            out.update(config_columns(value, f"{name}."))
-        elif isinstance(value, list | tuple | dict):
-            out[name] = json.dumps(value, default=str)
+            out.update(config_columns(value, f"{path}."))
         else:
-            out[name] = value
+            out[config_column(key_of(path))] = (json.dumps(value, default=str) if isinstance(value, list | tuple | dict)
+                                                else value)
     return out
+
+
+# The settings the analysis compares, under the short names its code and labels use
+# (experiments/data/load.py); `analysis_names` renames, so no value is there twice either.
+SHORT_NAMES = {
+    "model": "model.preset", "d_model": "model.d_model", "n_layers": "model.n_layers", "ffn": "model.ffn.type",
+    "gamma": "init.gamma", "init_seed": "init.seed", "eps": "norm.eps", "norm": "norm.type", "gate": "attn.gate",
+    "task": "data.task", "train_seed": "train.seed", "lr": "optim.lr", "weight_decay": "optim.weight_decay",
+}
+
+
+def analysis_names(df):
+    """The table with its compared settings under their short names (config/init.gamma -> gamma)."""
+    return df.rename(columns={config_column(key): short for short, key in SHORT_NAMES.items()})
+
+
+_SHORT_OF = {key: short for short, key in SHORT_NAMES.items()}
+
+
+def analysis_column(key: str) -> str:
+    """A command-line key's column in a table under analysis_names: `init.gamma` -> `gamma`,
+    `arm` -> `config/arm`."""
+    return _SHORT_OF.get(key, config_column(key))
+
+
+# Tables written before each value had one name: each short setting column's name now. (Their
+# `param.<key>` columns are config/<key>; their config/ columns followed the resolved config's
+# nesting, `config/model.init.gamma`, which key_of maps.)
+RENAMED = {short: config_column(key) for short, key in SHORT_NAMES.items()}
+OLD_PARAM_PREFIX = "param."
+
+
+def _name_now(column: str) -> str:
+    if column.startswith(OLD_PARAM_PREFIX):
+        return config_column(column.removeprefix(OLD_PARAM_PREFIX))
+    if column.startswith(CONFIG_PREFIX):
+        return config_column(key_of(column.removeprefix(CONFIG_PREFIX)))
+    return RENAMED.get(column, column)
+
+
+def upgrade(df):
+    """A table as this module names it, from any earlier naming (today's tables pass as they are):
+    `param.<key>` -> config/<key> (and `swept`), `config/model.init.<k>` -> config/init.<k>,
+    `config/preset` -> config/model.preset, each short setting column -> its config/<key>. Where
+    an old table held one value under several names, the trial's config/ column comes first and
+    the others fill only its empty cells."""
+    names = {column: _name_now(column) for column in df.columns}
+    if all(old == new for old, new in names.items()):
+        return df
+    params = [c.removeprefix(OLD_PARAM_PREFIX) for c in df.columns if c.startswith(OLD_PARAM_PREFIX)]
+    rank = {c: (0 if c.startswith(CONFIG_PREFIX) else 2 if c.startswith(OLD_PARAM_PREFIX) else 1) for c in df.columns}
+    out: dict = {}
+    for column in df.columns:
+        new = names[column]
+        sources = sorted((c for c in df.columns if names[c] == new), key=rank.get)
+        if new in out:
+            continue
+        value = df[sources[0]]
+        for other in sources[1:]:
+            value = value.combine_first(df[other])
+        out[new] = value
+    upgraded = df.__class__(out, index=df.index)
+    if params and SWEPT not in upgraded:
+        at = upgraded.columns.get_loc(ROLE) + 1 if ROLE in upgraded else 0
+        upgraded.insert(at, SWEPT, ",".join(params))
+    return upgraded
 
 
 # Artifact paths are stored relative to the sweep folder, so a folder moved or copied (cluster

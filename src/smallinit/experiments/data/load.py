@@ -130,10 +130,10 @@ def format_value(col: str, v) -> str:
 def _extra_params(df: pd.DataFrame) -> list[str]:
     """Swept keys not covered by a resolved column and with few values (a grid axis)."""
     out = []
-    for col in df.columns:
-        if col.startswith("param.") and col.removeprefix("param.") not in KNOWN_PARAMS:
-            if 1 < df[col].nunique(dropna=False) <= 8:
-                out.append(col)
+    for key in schema.swept_keys(df):
+        col = schema.analysis_column(key)
+        if key not in KNOWN_PARAMS and col in df and 1 < df[col].nunique(dropna=False) <= 8:
+            out.append(col)
     return out
 
 
@@ -159,7 +159,7 @@ def load(dirs: list[Path], metric: str = LOSS, budgets: str = "all") -> Sweep:
     """budgets="largest": of a trial with several budgets, only its largest budget's row."""
     frames = []
     for d in dirs:
-        df = read_table(d)
+        df = read_table(d, short_names=True)
         if schema.IDENTITY in df:
             df = df.drop_duplicates(schema.IDENTITY, keep="first")
         frames.append(df.assign(sweep=d.name))
@@ -295,7 +295,7 @@ def size_label(row) -> str:
 
 
 def setting_label(row, cols: list[str]) -> str:
-    return ", ".join(f"{c.removeprefix('param.')}={format_value(c, row[c])}" for c in cols)
+    return ", ".join(f"{c.removeprefix(schema.CONFIG_PREFIX)}={format_value(c, row[c])}" for c in cols)
 
 
 def read_metrics(path: str | Path) -> pd.DataFrame:
@@ -406,7 +406,7 @@ def select(df: pd.DataFrame, spec: str) -> pd.Series:
         if "=" not in part:
             raise ReportError(f"arm selector {spec!r}: {part!r} is not key=value")
         key, value = (s.strip() for s in part.split("=", 1))
-        col = key if key in df else f"param.{key}" if f"param.{key}" in df else None
+        col = key if key in df else schema.analysis_column(key) if schema.analysis_column(key) in df else None
         if col is None:
             raise ReportError(f"arm selector {spec!r}: no column {key!r} (try gamma, eps, gate, norm, model)")
         if key in NUMERIC:

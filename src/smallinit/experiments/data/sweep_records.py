@@ -46,24 +46,32 @@ def require_record(folder: Path, name: str) -> dict | None:
     return record
 
 
-def read_table(folder: Path, columns: list[str] | None = None, local_paths: bool = True) -> pd.DataFrame:
-    """The sweep's results table, with its artifact paths made local to this folder (a copied
-    folder reads its own files) unless `local_paths` is False (a verbatim copy)."""
+def read_table(folder: Path, columns: list[str] | None = None, local_paths: bool = True,
+               short_names: bool = False) -> pd.DataFrame:
+    """The sweep's results table in today's names (an older table's through schema.upgrade), with
+    its artifact paths made local to this folder (a copied folder reads its own files) unless
+    `local_paths` is False; with `short_names`, the compared settings as the analysis names them
+    (schema.analysis_names: config/init.gamma -> gamma). `columns` are today's names."""
     folder = Path(folder)
     path = schema.results_path(folder)
     if not path.is_file():
         raise ReportError(f"{path} is missing: its sweep has not written its table yet (a sweep writes it when its "
                           "command ends or is stopped; rerun the command to rebuild it)")
     try:
-        df = pd.read_parquet(path, columns=columns)
+        df = schema.upgrade(pd.read_parquet(path))
     except Exception as e:  # pyarrow raises several types for a damaged file
         raise ReportError(f"{path} cannot be read: {first_line(e)}") from None
+    if columns is not None:
+        missing = [c for c in columns if c not in df]
+        if missing:
+            raise ReportError(f"{path} has no column {missing[0]!r}: a table this version cannot read")
+        df = df[columns]
     if local_paths:
         for column in schema.PATH_COLUMNS:
             if column in df:
                 ids = df[schema.IDENTITY] if schema.IDENTITY in df else [None] * len(df)
                 df[column] = [schema.to_local_path(v, folder, i) for v, i in zip(df[column], ids)]
-    return df
+    return schema.analysis_names(df) if short_names else df
 
 
 def damaged_records(dirs: list[Path]) -> list[str]:

@@ -269,9 +269,9 @@ def from_sweep(sweep_dir: Path, results: pd.DataFrame | None = None,
     others = [a for a in chosen if a != baseline]
     if baseline not in chosen or len(others) != 1:
         return None
-    df = results if results is not None else read_table(Path(sweep_dir))
+    df = results if results is not None else read_table(Path(sweep_dir), short_names=True)
     done = df[(df[schema.STATE] == schema.COMPLETE) & (df["role"] == "confirm")]
-    rows = pd.DataFrame({"arm": done["param.arm"], "seed": done["param.seed"], "lr": done["lr"],
+    rows = pd.DataFrame({"arm": done["config/arm"], "seed": done["config/seed"], "lr": done["lr"],
                          "budget_tokens": done[schema.BUDGET_TOKENS], "loss": done[metric]}).dropna()
     out = analyse(rows, chosen, baseline, others[0])
     out["chosen"] = chosen
@@ -282,7 +282,7 @@ def from_sweep(sweep_dir: Path, results: pd.DataFrame | None = None,
 def tune_table(df: pd.DataFrame, metric: str) -> pd.DataFrame:
     """Every tuning branch: arm, lr, budget, loss (the loss-against-lr panel per budget)."""
     t = df[(df[schema.STATE] == schema.COMPLETE) & (df["role"] == "tune")]
-    return pd.DataFrame({"arm": t["param.arm"], "lr": t["lr"], "budget_tokens": t[schema.BUDGET_TOKENS],
+    return pd.DataFrame({"arm": t["config/arm"], "lr": t["lr"], "budget_tokens": t[schema.BUDGET_TOKENS],
                          "loss": t[metric]}).dropna().sort_values(["arm", "budget_tokens", "lr"]).reset_index(drop=True)
 
 
@@ -330,11 +330,11 @@ def loss_grid(rows: pd.DataFrame, metric: str) -> tuple[list[str], list[list[str
     """One row per (arm, lr): its seeds, then the seed mean per budget. A budget that fewer of
     the row's seeds have finished says over how many ("(n=2)"), so a mean is never read as
     being over seeds it does not hold."""
-    keys = ["param.arm", "lr"]
+    keys = ["config/arm", "lr"]
     mean = rows.pivot_table(index=keys, columns=schema.BUDGET_TOKENS, values=metric, aggfunc="mean")
     count = rows.pivot_table(index=keys, columns=schema.BUDGET_TOKENS, values=metric, aggfunc="count")
-    seeds = rows.groupby(keys)["param.seed"].agg(_seed_list)
-    n_seeds = rows.groupby(keys)["param.seed"].nunique()
+    seeds = rows.groupby(keys)["config/seed"].agg(_seed_list)
+    n_seeds = rows.groupby(keys)["config/seed"].nunique()
     body = []
     for key, vals in zip(mean.index, mean.to_numpy()):
         cells = [fmt(v) if c >= n_seeds[key] or np.isnan(v) else f"{fmt(v)} (n={int(c)})"
@@ -358,8 +358,8 @@ def branch_rows(sweep_dir: Path, metric: str = schema.FINAL_VAL_LOSS) -> pd.Data
             branch = folder.read_budget_result(tokens, damaged_ok=True)
             if branch is None or folder.damaged_budget(tokens) is not None:
                 continue
-            rows.append({"trial_identity": folder.identity, "role": role, "param.arm": params.get("arm"),
-                         "param.seed": seed, "lr": params.get("optim.lr"), schema.BUDGET_TOKENS: tokens,
+            rows.append({"trial_identity": folder.identity, "role": role, "config/arm": params.get("arm"),
+                         "config/seed": seed, "lr": params.get("optim.lr"), schema.BUDGET_TOKENS: tokens,
                          metric: branch.get(metric), "cpu": machine_of(branch)})
     return pd.DataFrame(rows)
 
@@ -379,7 +379,7 @@ def machine_lines(df: pd.DataFrame) -> list[str]:
         lines.append(f"- {cpu}: {trials} trial(s)")
     confirm = df[df["role"] == "confirm"]
     if not confirm.empty:
-        pairs = confirm.groupby(["param.seed", schema.BUDGET_TOKENS])["cpu"].agg(
+        pairs = confirm.groupby(["config/seed", schema.BUDGET_TOKENS])["cpu"].agg(
             lambda c: len(set(c)) > 1 or "unrecorded" in set(c))
         lines.append(f"- confirm (seed, budget) cells whose runs span CPUs or do not name theirs: "
                      f"{int(pairs.sum())} of {len(pairs)}")

@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 from scipy.stats import t as student_t
 
+from smallinit.core import results_schema as schema
 from smallinit.experiments.claims.claims import VERDICT, Claim
 from smallinit.experiments.data.load import LOSS, Sweep
 from smallinit.experiments.data.sweep_records import read_record
@@ -158,7 +159,7 @@ def seeds_command(sweep: Sweep) -> tuple[str | None, str]:
     if record is not None:
         return _protocol_command(sweep, record)
     res = sweep.results
-    params = {c.removeprefix("param."): res[c].dropna().unique() for c in res.columns if c.startswith("param.")}
+    params = {k: res[c].dropna().unique() for k in schema.swept_keys(res) if (c := schema.analysis_column(k)) in res}
     key = next((k for k in SEED_KEYS if k in params), None)
     if key is not None:
         have = sorted(int(v) for v in params[key])
@@ -216,7 +217,7 @@ def _protocol_command(sweep: Sweep, record: dict) -> tuple[str | None, str]:
     override = f"{PROTOCOL}.confirm_seeds=[{','.join(str(x) for x in new)}]"
     tune, seed_key = list(record.get("tune", [])), record.get("seed_key", "seed")
     res = sweep.results
-    params = {c.removeprefix("param."): res[c].dropna().unique() for c in res.columns if c.startswith("param.")}
+    params = {k: res[c].dropna().unique() for k in schema.swept_keys(res) if (c := schema.analysis_column(k)) in res}
     grid = _command_grid(record)
     fixed = _fixed_overrides(sweep, params, skip=(seed_key, *tune))
     if grid is None or fixed is None or not tune:

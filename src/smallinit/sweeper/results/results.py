@@ -43,7 +43,7 @@ def trial_rows(trial_dir: TrialDir, study_state: dict[str, Any] | None = None,
     if not _has_config(meta):
         return _unreadable_settings_row(trial_dir, study_state or {}, sweep_dir)
     cfg = meta["config"]
-    model, train = cfg["model"], cfg["train"]
+    train = cfg["train"]
     result, failure = trial_dir.read_result(damaged_ok=True), trial_dir.read_failure(damaged_ok=True)
     damage = trial_dir.damaged_result()
     study_state = study_state or {}
@@ -72,19 +72,6 @@ def trial_rows(trial_dir: TrialDir, study_state: dict[str, Any] | None = None,
         role=study_state.get("role"),
         # Only a failed row has a reason: a trial that ran again and completed carries none.
         fail_reason=((failure or {}).get("reason") or study_state.get("fail_reason")) if state == schema.FAIL else None,
-        model=cfg.get("preset"),
-        d_model=model["d_model"],
-        n_layers=model["n_layers"],
-        gamma=model["init"]["gamma"],
-        init_seed=model["init"]["seed"],
-        eps=model["norm"]["eps"],
-        norm=model["norm"]["type"],
-        gate=model["attn"]["gate"],
-        ffn=model["ffn"]["type"],
-        task=cfg["data"].get("task", "lm"),
-        train_seed=train["seed"],
-        lr=cfg["optim"]["lr"],
-        weight_decay=cfg["optim"]["weight_decay"],
         workers=trial_dir.recorded_workers(),
         node_id=attempts[-1].get("node_id") if attempts else None,
         attempts=len(attempts),
@@ -98,7 +85,7 @@ def trial_rows(trial_dir: TrialDir, study_state: dict[str, Any] | None = None,
     elif state == schema.PRUNED:
         last = trial_dir.last_metrics()
         row.update(final_val_loss=last.get("val/loss"), best_val_loss=last.get("val/best_loss"), tokens=last.get("tokens"))
-    row.update(schema.config_columns(cfg))  # every key, swept or not; build_table puts them last
+    row.update(schema.config_columns(cfg))  # every setting, swept or not; build_table puts them last
     rows = _budget_rows(row, trial_dir, train["budgets"]) if train.get("budgets") else [row]
     if sweep_dir is not None:
         for r in rows:
@@ -203,12 +190,14 @@ def build_table(sweep_dir: Path, study_states: dict[str, dict[str, Any]] | None 
         if ident not in dirs and state.get("trial_dir"):
             dirs[ident] = TrialDir(state["trial_dir"])
     rows = [row for ident, d in dirs.items() for row in trial_rows(d, study_states.get(ident), sweep_dir)]
-    _fill_unswept_params(rows, sweep_dir)
+    swept = _fill_unswept_params(rows, sweep_dir)
     _fill_roles(rows, sweep_dir)
     df = pd.DataFrame(rows)
     if not df.empty:
         df = df.sort_values(schema.TRIAL_NUMBER, na_position="last", kind="stable").reset_index(drop=True)
-        config = [c for c in df.columns if c.startswith(schema.CONFIG_PREFIX)]
+        first = [schema.config_column(k) for k in swept]  # the swept settings lead the config columns
+        config = first + sorted((c for c in df.columns if c.startswith(schema.CONFIG_PREFIX) and c not in first),
+                                key=list(df.columns).index)
         df = df[[c for c in df.columns if c not in config] + config]
         for column in config:
             df[column] = _one_kind(df[column])
@@ -226,15 +215,17 @@ def _one_kind(values: pd.Series) -> pd.Series:
                       else json.dumps(v))
 
 
-def _fill_unswept_params(rows: list[dict[str, Any]], sweep_dir: Path) -> None:
-    """A folder's grid may grow by a key (optim.lr swept in a folder first run at the default lr):
-    its earlier trials never swept that key, so each takes the value its composed config
-    (.hydra/config.yaml) gave it, and every row names its whole setting. A key the config cannot
+def _fill_unswept_params(rows: list[dict[str, Any]], sweep_dir: Path) -> list[str]:
+    """The keys the folder's sweep varied (`swept` on every row). A folder's grid may grow by a
+    key (optim.lr swept in a folder first run at the default lr), and a swept key may be no config
+    value (`seed`, `arm`): a row without one takes the value its composed config
+    (.hydra/config.yaml) gave it, so every row names its whole setting. A key the config cannot
     give as one value (a config group's choice, a preset's null) stays empty."""
-    keys = sorted({k for r in rows for k in r if k.startswith(schema.PARAM_PREFIX)})
+    keys = list(dict.fromkeys(k for r in rows for k in (r.get(schema.SWEPT) or "").split(",") if k))
     configs: dict[str, Any] = {}
     for row in rows:
-        missing = [k for k in keys if row.get(k) is None or (isinstance(row.get(k), float) and pd.isna(row[k]))]
+        row[schema.SWEPT] = ",".join(keys) or None
+        missing = [k for k in keys if (v := row.get(schema.config_column(k))) is None or (isinstance(v, float) and pd.isna(v))]
         if not missing:
             continue
         folder = schema.to_local_path(row.get("trial_dir"), sweep_dir)
@@ -249,11 +240,12 @@ def _fill_unswept_params(rows: list[dict[str, Any]], sweep_dir: Path) -> None:
             continue
         for key in missing:
             try:
-                value = OmegaConf.select(configs[folder], key.removeprefix(schema.PARAM_PREFIX))
+                value = OmegaConf.select(configs[folder], key)
             except OmegaConfBaseException:  # an interpolation that no longer resolves
                 continue
             if isinstance(value, (bool, int, float, str)):
-                row[key] = value
+                row[schema.config_column(key)] = value
+    return keys
 
 
 def _fill_roles(rows: list[dict[str, Any]], sweep_dir: Path) -> None:
@@ -266,7 +258,7 @@ def _fill_roles(rows: list[dict[str, Any]], sweep_dir: Path) -> None:
         record = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError):
         return  # the study's roles stand; the record is rewritten when stage 1 is next settled
-    seed_column = f"{schema.PARAM_PREFIX}{record.get('seed_key', 'seed')}"
+    seed_column = schema.config_column(record.get("seed_key", "seed"))
     for row in rows:
         if row.get(schema.ROLE) is None:
             row[schema.ROLE] = protocol.role_of(row.get(seed_column), record)
@@ -296,8 +288,8 @@ def write_results(sweep_dir: Path, study: Study) -> pd.DataFrame:
     done = df[df[schema.STATE] == schema.COMPLETE].dropna(subset=[schema.FINAL_VAL_LOSS]) if not df.empty else df
     if not done.empty:
         best = done.loc[done[schema.FINAL_VAL_LOSS].idxmin()]
-        params = {c.removeprefix(schema.PARAM_PREFIX): best[c].item() if hasattr(best[c], "item") else best[c]
-                  for c in df.columns if c.startswith(schema.PARAM_PREFIX)}
+        params = {k: best[c].item() if hasattr(best[c], "item") else best[c]
+                  for k in schema.swept_keys(df) if (c := schema.config_column(k)) in df}
         folder = schema.to_local_path(best["trial_dir"], sweep_dir)
         # Named for what it is: with seeds swept, the lowest single run is one seed's draw and can
         # name another setting than the seed means below (the one to read).

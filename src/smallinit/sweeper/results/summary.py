@@ -38,8 +38,7 @@ def failure_lines(df: pd.DataFrame, sweep_dir: Path) -> list[str]:
     for _, row in failed.iterrows():
         reason = first_line(row[schema.FAIL_REASON] or "") or "no reason recorded"
         folder = TrialDir(schema.to_local_path(row["trial_dir"], sweep_dir) or "")
-        params = " ".join(f"{c.removeprefix(schema.PARAM_PREFIX)}={row[c]}" for c in df.columns
-                          if c.startswith(schema.PARAM_PREFIX))
+        params = " ".join(f"{k}={row[c]}" for k in schema.swept_keys(df) if (c := schema.config_column(k)) in df)
         number = row[schema.TRIAL_NUMBER]
         label = f"trial {int(number)}" if pd.notna(number) else "trial"
         log = folder.log if folder.log.exists() else folder.failure_json
@@ -58,8 +57,8 @@ def best_setting_line(done: pd.DataFrame) -> str | None:
     of their differences paired by seed with its 95% t-interval, as the report's first sentence
     gives it. Under hydra.sweeper.protocol only confirm seeds count (the tune seeds chose the lrs).
     None without two or more seeds per setting."""
-    params = [c for c in done.columns if c.startswith(schema.PARAM_PREFIX)]
-    seeds = [c for c in params if c.removeprefix(schema.PARAM_PREFIX).split(".")[-1] == "seed"]
+    params = [c for k in schema.swept_keys(done) if (c := schema.config_column(k)) in done]
+    seeds = [c for c in params if c.removeprefix(schema.CONFIG_PREFIX).split(".")[-1] == "seed"]
     setting = [c for c in params if c not in seeds]
     if not seeds or not setting or done.empty:
         return None
@@ -80,7 +79,7 @@ def best_setting_line(done: pd.DataFrame) -> str | None:
                 return "(not swept)"
             return f"{v:g}" if isinstance(v, float) else str(v)
 
-        return " ".join(f"{c.removeprefix(schema.PARAM_PREFIX)}={value(v)}" for c, v in zip(setting, values))
+        return " ".join(f"{c.removeprefix(schema.CONFIG_PREFIX)}={value(v)}" for c, v in zip(setting, values))
 
     best = groups.index[0]
     line = f"best setting: {named(best)}, val loss {groups['mean'].iloc[0]:.4f} (mean of {int(groups['count'].iloc[0])} seeds)"
