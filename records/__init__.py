@@ -48,16 +48,28 @@ def write_record(path: Path, text: str, by: str, overwrite: bool = False) -> Non
         written.write_outputs(Path(path).parent, {Path(path).name: text}, by=by, adopt=overwrite)
 
 
-def sweep_table(folder: Path, columns: list[str] | None = None):
-    """A sweep's results table through the library's one reader of a sweep folder
-    (smallinit.experiments.data.sweep_records), its compared settings under their short names
-    (gamma, lr, train_seed); a missing or damaged one ends the command in one line."""
-    from smallinit.experiments.data.sweep_records import ReportError, read_table
+def sweep_read(folder: Path):
+    """A sweep's results table from one read of its file (sweep_records.Table: the rows, and the
+    sha256 of the bytes they were parsed from), through the library's one reader of a sweep
+    folder; a missing or damaged one ends the command in one line. A record that compares the
+    rows, copies them and quotes the hash takes all three from one Table, so they agree even
+    while a sweep rewrites the file."""
+    from smallinit.experiments.data.sweep_records import ReportError, read_table_once
 
     try:
-        return read_table(Path(folder), columns=columns, short_names=True)
+        return read_table_once(Path(folder))
     except ReportError as e:
         raise SystemExit(f"error: {e}") from None
+
+
+def sweep_table(folder: Path, columns: list[str] | None = None, table=None):
+    """A sweep's results table (`table`, else sweep_read's), its artifact paths local to the folder
+    and its compared settings under their short names (gamma, lr, train_seed)."""
+    df = (table or sweep_read(folder)).local(short_names=True)
+    missing = [c for c in columns or [] if c not in df]
+    if missing:
+        raise SystemExit(f"error: {Path(folder) / 'results.parquet'} has no column {missing[0]!r}")
+    return df[columns] if columns is not None else df
 
 
 def sweep_protocol(folder: Path) -> dict:

@@ -181,13 +181,14 @@ def main(argv: list[str] | None = None) -> int:
               f"e.g. sweeps/bf16_check)", file=sys.stderr)
         return 2
     try:
-        result = dtype_gap(load([args.sweep]).complete)
+        sweep = load([args.sweep])
+        result = dtype_gap(sweep.complete)
     except ReportError as e:
         print(f"dtype_check: {e}", file=sys.stderr)
         return 2
     print("\n".join(result.lines()))
     if args.json:
-        stamp = {**provenance.record(), "results_sha256": {args.sweep.name: provenance.file_sha256(schema.results_path(args.sweep))}}
+        stamp = {**provenance.record(), "results_sha256": {t.folder.name: t.sha256 for t in sweep.tables}}
         write_record(args.json, json.dumps({**asdict(result), "verdict": result.verdict, "inside_spread": result.inside_spread,
                                             "provenance": stamp}, indent=2) + "\n", "records.dtype_check", args.overwrite)
     return 0 if result.inside_spread else 1
@@ -199,14 +200,14 @@ def _gap_change_main(args) -> int:
             print(f"dtype_check: {folder}: no such folder (an arm's sweep over train.dtype=fp32,bf16)", file=sys.stderr)
             return 2
     try:
-        result = gap_change(load([args.sweep]).complete, load([args.small]).complete)
+        read = [load([args.sweep]), load([args.small])]
+        result = gap_change(read[0].complete, read[1].complete)
     except ReportError as e:
         print(f"dtype_check: {e}", file=sys.stderr)
         return 2
     print("\n".join(result.lines()))
     if args.json:
-        stamp = {**provenance.record(), "results_sha256": {
-            f.name: provenance.file_sha256(schema.results_path(f)) for f in (args.sweep, args.small)}}
+        stamp = {**provenance.record(), "results_sha256": {t.folder.name: t.sha256 for s in read for t in s.tables}}
         body = {**asdict(result), "arms": {k: {**asdict(v), "verdict": v.verdict} for k, v in result.arms.items()},
                 "verdict": result.verdict, "provenance": stamp}
         write_record(args.json, json.dumps(body, indent=2) + "\n", "records.dtype_check", args.overwrite)

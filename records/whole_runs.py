@@ -30,17 +30,17 @@ import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
 from smallinit.core import provenance, written
 from smallinit.core.markdown import table as md_table
-from smallinit.core.results_schema import results_path
 from smallinit.core.trial_dir import TrialDir
 from smallinit.experiments.report.report import write_results_tables
 from smallinit.experiments.stats.paired import holm, signflip_p, t_interval, t_pvalues
 
-from . import OVERWRITE_HELP, refusals, sweep_table
+from . import OVERWRITE_HELP, refusals, sweep_read
 from .wsd_check import ARM, LOSS, _complete
 
 ALPHA = 0.05
@@ -68,6 +68,7 @@ class Sweep:
     name: str
     schedule: str
     runs: pd.DataFrame  # complete confirm runs: budget, train_seed, config/arm, lr, final_val_loss, ...
+    table: Any = None  # its results table as read (sweep_read): what the record copies and hashes
 
     def at(self, budget: int, arm: str, seeds: list[int]) -> pd.DataFrame | None:
         """This arm's runs at `budget`, one per seed in `seeds` order, or None where a seed is missing."""
@@ -92,7 +93,8 @@ def load(path: Path, arm: str | None = None) -> Sweep:
     """A sweep's complete confirm runs. `arm` names the one arm a sweep trained where it did not sweep
     one (the shared-lr sweeps fix `arm=small`, so their table has no config/arm); check_same then holds
     its γ, eps, gate and norm to that arm's in the other sweeps."""
-    runs = _complete(path)
+    table = sweep_read(path)  # one read: the runs, the schedule, the CSV copy and the hash
+    runs = _complete(path, table)
     if arm is not None:
         if ARM in runs and set(runs[ARM].astype(str)) - {arm}:
             raise SystemExit(f"error: {path} holds arms {sorted(set(runs[ARM].astype(str)))}: a --shared sweep trains "
@@ -100,11 +102,10 @@ def load(path: Path, arm: str | None = None) -> Sweep:
         runs = runs.assign(**{ARM: arm})
     budget = (runs["budget_tokens"] if "budget_tokens" in runs else runs["tokens"]).fillna(runs["tokens"])
     runs = runs.assign(budget=budget.astype(int), train_seed=runs["train_seed"].astype(int))
-    table = sweep_table(path, columns=[SCHEDULE]) if SCHEDULE in runs else pd.DataFrame()
-    schedules = sorted(set(table[SCHEDULE].dropna())) if SCHEDULE in table else []
+    schedules = sorted(set(table.rows[SCHEDULE].dropna())) if SCHEDULE in table.rows and SCHEDULE in runs else []
     if len(schedules) != 1:
         raise SystemExit(f"error: {path} holds runs of schedules {schedules or 'unknown'}: a sweep read here has one schedule")
-    return Sweep(path.name, SCHEDULE_NAMES.get(schedules[0], schedules[0]), runs)
+    return Sweep(path.name, SCHEDULE_NAMES.get(schedules[0], schedules[0]), runs, table)
 
 
 def check_same(sweeps: list[Sweep], corpora_may_differ: bool = False) -> None:
@@ -297,9 +298,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         with refusals():  # every file checked before the first is written
             written.check(args.out, [*(f"results-{p.name}.csv" for p in paths), "summary.json", "lead.md"], args.overwrite)
-        tables = write_results_tables(paths, args.out, by=BY)  # the tables read, kept beside the record as CSV
-        block = {**provenance.record(), "results_sha256": {d.name: provenance.file_sha256(results_path(d)) for d in paths},
-                 "results_tables": tables}
+        read = [s.table for s in [*sweeps, *shared]]  # the tables compared above, as read
+        tables = write_results_tables(read, args.out, by=BY)  # kept beside the record as CSV
+        block = {**provenance.record(), "results_sha256": {t.folder.name: t.sha256 for t in read}, "results_tables": tables}
         summary = {"provenance": block, "trials_made_by": trials_made_by(paths, [s.runs for s in [*sweeps, *shared]]),
                    "sources": {s.name: s.schedule for s in [*sweeps, *shared]},
                    "corpus_tokens": {s.name: list(s.corpus) for s in [*sweeps, *shared]}, "seeds": _seeds(args.seeds),

@@ -29,8 +29,9 @@ LOSS = "final_val_loss"
 ARM = "config/arm"  # the arm's name, where the sweeps swept one (matched too, and used to label rows)
 
 
-def _complete(sweep: Path) -> pd.DataFrame:
-    df = sweep_table(sweep)
+def _complete(sweep: Path, table=None) -> pd.DataFrame:
+    """The sweep's complete runs (of `table`, a sweep_read of it, where given)."""
+    df = sweep_table(sweep, table=table)
     df = df.assign(**{LOSS: pd.to_numeric(df[LOSS], errors="coerce")})  # all empty while a sweep's first trials run
     df = df[(df["state"] == "COMPLETE") & np.isfinite(df[LOSS])]
     # A select-then-confirm sweep compares its confirm runs only, none until its confirm round has run.

@@ -206,6 +206,9 @@ def test_the_results_table_has_a_row_per_budget(trial_config, tmp_path):
         assert pd.notna(row["metrics_path"]) == (tokens == 2816)
     assert rows[f"{ident}@2816"]["final_val_loss"] == d.read_result()["final_val_loss"]
     assert pd.isna(rows[f"{half.identity()}@2560"]["final_val_loss"])
+    # What belongs to the trial, not the budget, is on every one of its rows.
+    assert list(df["workers"]) == [1] * 6 + [None if pd.isna(df["workers"].iloc[6]) else 1]
+    assert df["n_params"].iloc[:3].nunique() == 1 and df["n_params"].iloc[:3].notna().all()
     # The report's loader keeps every budget's row (it drops duplicate identities).
     write_table(tmp_path, df)
     sweep = load([tmp_path])

@@ -65,3 +65,35 @@ def test_every_short_name_is_a_key_the_command_line_takes():
 
     config = schema.config_columns(TrialArgs().build().to_dict())
     assert all(schema.config_column(key) in config for key in schema.SHORT_NAMES.values())
+
+
+def test_a_record_reads_each_table_once_and_quotes_the_hash_of_those_bytes(tmp_path, monkeypatch):
+    """records.whole_runs compares the rows, copies them beside its record and quotes their sha256
+    from one read of each table (sweep_records.Table), so a live sweep rewriting the file between
+    cannot make the copy, the hash and the numbers disagree."""
+    import hashlib
+    import json
+
+    from records import whole_runs
+    from smallinit.experiments.data import sweep_records
+
+    folders = []
+    for name, schedule in (("wsd", "wsd"), ("cos", "cosine")):
+        folder = tmp_path / name
+        folder.mkdir()
+        pd.DataFrame([{"identity": f"{arm}{s}", "state": "COMPLETE", "tokens": 4096, "budget_tokens": 4096,
+                       "swept": "arm,seed", "config/arm": arm, "config/seed": s, "config/train.seed": s,
+                       "config/optim.lr": 1e-3, "config/model.d_model": 128, "config/init.gamma": gamma,
+                       "config/optim.schedule": schedule, "final_val_loss": 4.4 + 0.01 * s + (gamma - 0.5) * 0.1, "trial_dir": f"trials/{arm}{s}"}
+                      for s in range(1, 7) for arm, gamma in (("baseline", 0.5), ("small", 1.0))]
+                     ).to_parquet(folder / "results.parquet")
+        folders.append(folder)
+    reads = []
+    real = sweep_records.read_table_once
+    monkeypatch.setattr(sweep_records, "read_table_once", lambda f: reads.append(f) or real(f))
+    out = tmp_path / "record"
+    assert whole_runs.main([*map(str, folders), "--seeds", "1-6", "--out", str(out)]) == 0
+    assert sorted(reads) == sorted(folders)  # each table read once
+    provenance = json.loads((out / "summary.json").read_text())["provenance"]
+    for folder in folders:
+        assert provenance["results_sha256"][folder.name] == hashlib.sha256((folder / "results.parquet").read_bytes()).hexdigest()

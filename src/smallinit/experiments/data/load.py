@@ -29,7 +29,7 @@ from smallinit.core import results_schema as schema
 from smallinit.core.errors import first_line
 from smallinit.core.trial_dir import TrialDir, unusable
 
-from .sweep_records import ReportError, damaged_records, read_table
+from .sweep_records import ReportError, Table, damaged_records, read_table_once
 from .tuning import OPTIM_COLS, Tuning, tune
 
 SIZE_COLS = ("model", "d_model", "n_layers")
@@ -46,7 +46,7 @@ EXTRA_SETTING_COLS = ("ffn", "task", "tokens", "dtype")
 KNOWN_PARAMS = {
     "init.gamma", "seed", "arm", "init.seed", "train.seed", "norm.eps", "norm", "norm.type", "attn", "attn.gate",
     "model", "model.d_model", "model.n_layers", "optim.lr", "optim.weight_decay", "train.max_tokens", "ffn", "ffn.type",
-    "train.dtype",
+    "train.dtype", *schema.SHORT_NAMES.values(),
 }
 LOSS = schema.FINAL_VAL_LOSS
 
@@ -61,6 +61,8 @@ class Sweep:
     setting_cols: list[str]
     tuning: Tuning
     left_out: list[str] = field(default_factory=list)  # finished trials whose files changed since: one line each
+    # each folder's table as read (the rows and sha256 a record quotes: one read, see Table)
+    tables: list[Table] = field(default_factory=list)
     damaged_records: list[str] = field(default_factory=list)  # a folder's own records that cannot be read: one line each
 
     @property
@@ -157,9 +159,9 @@ def has_branches(results: pd.DataFrame) -> bool:
 
 def load(dirs: list[Path], metric: str = LOSS, budgets: str = "all") -> Sweep:
     """budgets="largest": of a trial with several budgets, only its largest budget's row."""
-    frames = []
-    for d in dirs:
-        df = read_table(d, short_names=True)
+    frames, tables = [], [read_table_once(d) for d in dirs]
+    for d, table in zip(dirs, tables):
+        df = table.local(short_names=True)
         if schema.IDENTITY in df:
             df = df.drop_duplicates(schema.IDENTITY, keep="first")
         frames.append(df.assign(sweep=d.name))
@@ -210,7 +212,7 @@ def load(dirs: list[Path], metric: str = LOSS, budgets: str = "all") -> Sweep:
         raise ReportError(f"{', '.join(str(d) for d in dirs)}: no role=confirm trial at a chosen setting yet "
                           "(select-then-confirm: rerun the sweep's command to run the confirm stage)")
     return Sweep(dirs=list(dirs), results=results, complete=tuned.reset_index(drop=True), setting_cols=setting_cols,
-                 tuning=tuning, left_out=left_out, damaged_records=damaged)
+                 tuning=tuning, left_out=left_out, damaged_records=damaged, tables=tables)
 
 
 def _hold_to_their_files(results: pd.DataFrame) -> list[str]:

@@ -7,7 +7,10 @@ report then reads it as absent, while a reader that cannot go on without it (req
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -46,32 +49,56 @@ def require_record(folder: Path, name: str) -> dict | None:
     return record
 
 
-def read_table(folder: Path, columns: list[str] | None = None, local_paths: bool = True,
-               short_names: bool = False) -> pd.DataFrame:
-    """The sweep's results table in today's names (an older table's through schema.upgrade), with
-    its artifact paths made local to this folder (a copied folder reads its own files) unless
-    `local_paths` is False; with `short_names`, the compared settings as the analysis names them
-    (schema.analysis_names: config/init.gamma -> gamma). `columns` are today's names."""
+@dataclass(frozen=True)
+class Table:
+    """A sweep's results table from one read of its file: the rows in today's names (an older
+    table's through schema.upgrade), artifact paths as stored, and the sha256 of the bytes parsed.
+    A record that quotes a table's hash and copies its rows takes both from here, so a sweep
+    rewriting the file meanwhile cannot make them disagree."""
+
+    folder: Path
+    rows: pd.DataFrame
+    sha256: str
+
+    def local(self, short_names: bool = False) -> pd.DataFrame:
+        """The rows with their artifact paths made local to the folder (a copied folder reads its
+        own files); with `short_names`, the compared settings as the analysis names them
+        (schema.analysis_names: config/init.gamma -> gamma)."""
+        df = self.rows.copy()
+        for column in schema.PATH_COLUMNS:
+            if column in df:
+                ids = df[schema.IDENTITY] if schema.IDENTITY in df else [None] * len(df)
+                df[column] = [schema.to_local_path(v, self.folder, i) for v, i in zip(df[column], ids)]
+        return schema.analysis_names(df) if short_names else df
+
+
+def read_table_once(folder: Path) -> Table:
+    """The sweep's results table (Table), or ReportError naming a missing or unreadable one."""
     folder = Path(folder)
     path = schema.results_path(folder)
     if not path.is_file():
         raise ReportError(f"{path} is missing: its sweep has not written its table yet (a sweep writes it when its "
                           "command ends or is stopped; rerun the command to rebuild it)")
     try:
-        df = schema.upgrade(pd.read_parquet(path))
+        data = path.read_bytes()
+        rows = schema.upgrade(pd.read_parquet(io.BytesIO(data)))
     except Exception as e:  # pyarrow raises several types for a damaged file
         raise ReportError(f"{path} cannot be read: {first_line(e)}") from None
+    return Table(folder, rows, hashlib.sha256(data).hexdigest())
+
+
+def read_table(folder: Path, columns: list[str] | None = None, local_paths: bool = True,
+               short_names: bool = False) -> pd.DataFrame:
+    """The sweep's results table in today's names, its artifact paths local to this folder unless
+    `local_paths` is False (a verbatim copy); `short_names` as Table.local. `columns` are today's names."""
+    table = read_table_once(folder)
+    df = table.local(short_names) if local_paths else (schema.analysis_names(table.rows) if short_names else table.rows)
     if columns is not None:
         missing = [c for c in columns if c not in df]
         if missing:
-            raise ReportError(f"{path} has no column {missing[0]!r}: a table this version cannot read")
+            raise ReportError(f"{schema.results_path(folder)} has no column {missing[0]!r}: a table this version cannot read")
         df = df[columns]
-    if local_paths:
-        for column in schema.PATH_COLUMNS:
-            if column in df:
-                ids = df[schema.IDENTITY] if schema.IDENTITY in df else [None] * len(df)
-                df[column] = [schema.to_local_path(v, folder, i) for v, i in zip(df[column], ids)]
-    return schema.analysis_names(df) if short_names else df
+    return df
 
 
 def damaged_records(dirs: list[Path]) -> list[str]:

@@ -23,7 +23,6 @@ import pandas as pd
 
 from smallinit.core import provenance, written
 from smallinit.core.errors import ConfigError
-from smallinit.core.results_schema import results_path
 from smallinit.experiments.data.load import (
     LOSS,
     ReportError,
@@ -31,7 +30,7 @@ from smallinit.experiments.data.load import (
     load_report,
     resolve_dirs,
 )
-from smallinit.experiments.data.sweep_records import read_table
+from smallinit.experiments.data.sweep_records import Table
 from smallinit.experiments.output.figures import Figures
 from smallinit.experiments.output.render import Block, to_html, to_markdown
 
@@ -100,9 +99,9 @@ def build(dirs: list[Path], out_root: Path = Path("reports"), baseline_gamma: fl
         section_blocks, part = section(ctx)
         blocks += section_blocks
         parts.update(part)
-    tables = write_results_tables(dirs, out)
+    tables = write_results_tables(sweep.tables, out)
     parts.update(dtype=ctx.dtype, figures=ctx.figs.as_dicts(), build_s=time.time() - t0,
-                 provenance=_provenance(dirs, tables))
+                 provenance=_provenance(sweep.tables, tables))
     summary = dict(sorted(parts.items(), key=lambda kv: SUMMARY_KEYS.index(kv[0])))
     written.write_outputs(out, {"report.md": to_markdown(blocks),
                                 "index.html": to_html(blocks, f"smallinit report: {sweep.name}", out),
@@ -114,21 +113,21 @@ def build(dirs: list[Path], out_root: Path = Path("reports"), baseline_gamma: fl
 REPORT = "smallinit.experiments.report"
 
 
-def write_results_tables(dirs: list[Path], out: Path, by: str = REPORT, adopt: bool = True) -> dict[str, dict[str, str]]:
+def write_results_tables(tables: list[Table], out: Path, by: str = REPORT, adopt: bool = True) -> dict[str, dict[str, str]]:
     """Each sweep's results table beside the summary, as CSV (rows with their trial identities),
-    so that a committed summary keeps the table it was built from: {sweep: {file, sha256}}.
-    `adopt=False`: refused where `out` holds such a file that we did not write (core/written.py)."""
-    files = {f"results-{d.name}.csv": read_table(d, local_paths=False).to_csv(index=False) for d in dirs}
+    so that a committed summary keeps the table it was built from: {sweep: {file, sha256}}. The
+    rows are those the analysis read (one read of each file: Table). `adopt=False`: refused where
+    `out` holds such a file that we did not write (core/written.py)."""
+    files = {f"results-{t.folder.name}.csv": t.rows.to_csv(index=False) for t in tables}
     paths = written.write_outputs(out, files, by=by, adopt=adopt)
-    return {d.name: {"file": path.name, "sha256": provenance.file_sha256(path)} for d, path in zip(dirs, paths)}
+    return {t.folder.name: {"file": path.name, "sha256": provenance.file_sha256(path)} for t, path in zip(tables, paths)}
 
 
-def _provenance(dirs: list[Path], tables: dict[str, dict[str, str]]) -> dict:
+def _provenance(read: list[Table], tables: dict[str, dict[str, str]]) -> dict:
     """The analysis code, packages and machine that built this summary, the sha256 of each
-    results table it read, and the CSV copy of each written beside it (the trials themselves
-    name their own provenance in their folders)."""
-    return {**provenance.record(), "results_sha256": {d.name: provenance.file_sha256(results_path(d)) for d in dirs},
-            "results_tables": tables}
+    results table it read (of the bytes it parsed), and the CSV copy of each written beside it
+    (the trials themselves name their own provenance in their folders)."""
+    return {**provenance.record(), "results_sha256": {t.folder.name: t.sha256 for t in read}, "results_tables": tables}
 
 
 def _parse_kv(spec: str | None) -> dict[str, str] | None:

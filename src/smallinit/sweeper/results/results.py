@@ -85,7 +85,10 @@ def trial_rows(trial_dir: TrialDir, study_state: dict[str, Any] | None = None,
     elif state == schema.PRUNED:
         last = trial_dir.last_metrics()
         row.update(final_val_loss=last.get("val/loss"), best_val_loss=last.get("val/best_loss"), tokens=last.get("tokens"))
+    swept = {schema.config_column(k): v for k, v in plan.get("params", {}).items()}
     row.update(schema.config_columns(cfg))  # every setting, swept or not; build_table puts them last
+    # A swept key the trial's build resolves away (train.budgets_per_param into tokens) keeps what was swept.
+    row.update({c: v for c, v in swept.items() if row.get(c) is None})
     rows = _budget_rows(row, trial_dir, train["budgets"]) if train.get("budgets") else [row]
     if sweep_dir is not None:
         for r in rows:
@@ -157,7 +160,8 @@ def _budget_rows(row: dict[str, Any], trial_dir: TrialDir, budgets: list[int]) -
     (a PRUNED trial's last numbers go to the largest budget, the run they came from). Only the
     largest budget's row names metrics.jsonl, probes/ and per-token losses: they follow the
     main run, not the other budgets' cooldowns."""
-    outcome = {c.name: None for c in schema.OUTCOME_COLUMNS if c.name not in ("node_id", "attempts", schema.BUDGET_TOKENS)}
+    per_trial = ("n_params", "workers", "node_id", "attempts", schema.BUDGET_TOKENS)  # the same for every budget
+    outcome = {c.name: None for c in schema.OUTCOME_COLUMNS if c.name not in per_trial}
     outcome.update({c.name: None for c in schema.PROBE_COLUMNS}, per_token_losses_path=None)
     rows = []
     for tokens in budgets:
@@ -190,6 +194,7 @@ def build_table(sweep_dir: Path, study_states: dict[str, dict[str, Any]] | None 
         if ident not in dirs and state.get("trial_dir"):
             dirs[ident] = TrialDir(state["trial_dir"])
     rows = [row for ident, d in dirs.items() for row in trial_rows(d, study_states.get(ident), sweep_dir)]
+    rows.sort(key=lambda r: (r[schema.TRIAL_NUMBER] is None, r[schema.TRIAL_NUMBER] or 0))  # swept keys in trial order
     swept = _fill_unswept_params(rows, sweep_dir)
     _fill_roles(rows, sweep_dir)
     df = pd.DataFrame(rows)
