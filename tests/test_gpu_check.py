@@ -114,3 +114,19 @@ def test_the_gpu_check_trains_train_gpus_batch_and_sequence(tmp_path, monkeypatc
         np.zeros(4096, dtype=np.uint16).tofile(tmp_path / f"{split}.bin")
     trial = trial_for("0.1b", 1.0, 1e-3, tmp_path, 32768, 100 * 8 * 512, "cpu", False)
     assert (trial.train.batch_size, trial.train.seq_len, trial.train.eval_every) == (8, 512, 3)
+
+
+def test_an_earlier_runs_record_is_refused_before_any_unit_unless_overwrite(tmp_path, capsys):
+    """The lent machine's one-shot record: a second run into the same --out does not write over
+    the first's gpu_check.json (core/written.py), and --overwrite takes it over."""
+    from smallinit.bench.gpu.gpu_check import main
+
+    data = tmp_path / "data"
+    data.mkdir()
+    for name in ("train.bin", "val.bin"):
+        (data / name).write_bytes(b"\0\0" * 64)
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "gpu_check.json").write_text('{"units": {"kept": 1}}\n')
+    assert main(["--data", str(data), "--out", str(tmp_path / "out"), "--device", "cpu", "--tiny"]) == 2
+    assert "gpu_check.json: not written by a smallinit command" in capsys.readouterr().err
+    assert (tmp_path / "out" / "gpu_check.json").read_text() == '{"units": {"kept": 1}}\n'

@@ -17,6 +17,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from smallinit.core.files import atomic_write
+
 from .base.common import REPO
 from .report import HEADER, PROVENANCE_HEADER, provenance_rows, rows, table
 
@@ -134,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         print(f"{a.doc} matches {a.results}")
         return 0
-    a.doc.write_text(text)
+    atomic_write(a.doc, lambda f: f.write(text.encode()))  # the prose as read; only the marked blocks change
     print(f"wrote {a.doc}")
     return 0
 

@@ -13,7 +13,9 @@ the file's sha256. Before a command writes any of its files, every one is checke
 Each file is written atomically (core/files.py), and the list after the files: a kill between
 them leaves a file the list does not hold yet, which the next run refuses rather than guesses at.
 Exports (trainer/export.py) and carried sweeps (records/keep.py) keep their own marker, which
-also names the trial or sweep they hold.
+also names the trial or sweep they hold. One page is written by hand and by a command together:
+docs/benchmarks.md, whose `<!-- bench.doc: NAME -->` blocks `python -m smallinit.bench.doc`
+regenerates from bench/results.json and nothing else (its --check holds the page to them).
 """
 
 from __future__ import annotations

@@ -41,6 +41,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from smallinit.core import written
+from smallinit.core.errors import ConfigError
 from smallinit.core.trial_dir import TrialDir
 
 from .gpu_bench import gpu_train_preset
@@ -250,19 +252,21 @@ class Record:
     time limit still brings back what it finished. A unit that raises is recorded with its error
     and the next one runs; a unit not started before the deadline is recorded as skipped."""
 
-    def __init__(self, path: Path, deadline_s: float | None, head: dict):
+    def __init__(self, path: Path, deadline_s: float | None, head: dict, overwrite: bool = False):
         self.path, self.deadline_s, self.t0 = path, deadline_s, time.perf_counter()
         self.data = {**head, "units": {}}
+        self.adopt = overwrite  # the first write only: from then on the file is this run's
         self.write()
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.t0
 
     def write(self) -> None:
+        """Atomically, and never over a gpu_check.json an earlier run left (core/written.py)."""
         self.data["elapsed_s"] = self.elapsed()
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.data, indent=1) + "\n")
-        tmp.replace(self.path)
+        written.write_outputs(self.path.parent, {self.path.name: json.dumps(self.data, indent=1) + "\n"},
+                              by="smallinit.bench.gpu.gpu_check", adopt=self.adopt)
+        self.adopt = False
 
     def run(self, name: str, fn, log) -> None:
         if self.deadline_s is not None and self.elapsed() > self.deadline_s:
@@ -307,12 +311,18 @@ def main(argv: list[str] | None = None) -> int:
                    help="check: MFU, both gammas, FSDP (the default); arms: the two arms under the tune/confirm protocol")
     p.add_argument("--skip-mfu", action="store_true")
     p.add_argument("--skip-fsdp", action="store_true")
+    p.add_argument("--overwrite", action="store_true", help="replace a gpu_check.json an earlier run left in --out")
     a = p.parse_args(argv)
     for f in ("train.bin", "val.bin"):
         if not (a.data / f).is_file():
             print(f"error: --data {a.data}: no {f} there (see `python -m smallinit.bench.gpu.gpu_check --help`)", file=sys.stderr)
             return 2
     a.out.mkdir(parents=True, exist_ok=True)
+    try:  # before any unit: an earlier run's record is never written over unasked
+        written.check(a.out, ["gpu_check.json"], adopt=a.overwrite)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     device = torch.device(a.device)
 
     def log(msg: str) -> None:
@@ -327,7 +337,8 @@ def main(argv: list[str] | None = None) -> int:
         stamp.update(commit=a.commit, dirty=False, uncommitted=None, commit_from="--commit",
                      git_on_this_machine={"commit": stamp["commit"], "uncommitted": stamp["uncommitted"]})
     stamp["machine"]["accelerator"] = machine(device)
-    rec = Record(a.out / "gpu_check.json", a.deadline, {"provenance": stamp, "argv": sys.argv[1:] if argv is None else argv})
+    rec = Record(a.out / "gpu_check.json", a.deadline, {"provenance": stamp, "argv": sys.argv[1:] if argv is None else argv},
+                 overwrite=a.overwrite)
     log(f"{stamp['machine']['accelerator']}, torch {torch.__version__}, commit {stamp['commit']}")
     # In the order of what only a GPU can show: the small preset's MFU, then both gammas trained,
     # then FSDP's cost, then the large preset's MFU (its compile alone takes minutes).
