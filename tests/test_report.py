@@ -80,7 +80,7 @@ def test_report_writes_every_artifact(tiny_report, summary):
 
 
 def test_best_gamma_per_arm_is_the_argmin_of_the_results(tiny_sweep, summary):
-    df = pd.read_parquet(tiny_sweep / "results.parquet")
+    df = schema.analysis_names(pd.read_parquet(tiny_sweep / "results.parquet"))
     df = df[df["state"] == "COMPLETE"]
     expected = {}
     for (eps, _gate, _norm), g in df.groupby(["eps", "gate", "norm"]):
