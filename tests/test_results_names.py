@@ -26,6 +26,8 @@ def test_a_committed_table_of_the_old_names_reads_with_each_value_once_under_its
     assert not {"config/model.init.gamma", "config/model.norm.eps", "config/model.attn.gate", "config/preset"} & set(new.columns)
     assert new.columns.is_unique and len(new) == len(old)
     assert schema.swept_keys(new) == ["arm", "optim.lr", "seed"]
+    settings = [c for c in new.columns if c.startswith("config/")]  # last, the swept ones first, as written today
+    assert list(new.columns[-len(settings):]) == settings and settings[:3] == ["config/arm", "config/optim.lr", "config/seed"]
     for old_name, name in [("param.arm", "config/arm"), ("param.seed", "config/seed"), ("gamma", "config/init.gamma"),
                            ("config/model.init.gamma", "config/init.gamma"), ("eps", "config/norm.eps"),
                            ("gate", "config/attn.gate"), ("lr", "config/optim.lr"), ("param.optim.lr", "config/optim.lr"),

@@ -240,7 +240,10 @@ def upgrade(df):
     if params and SWEPT not in upgraded:
         at = upgraded.columns.get_loc(ROLE) + 1 if ROLE in upgraded else 0
         upgraded.insert(at, SWEPT, ",".join(params))
-    return upgraded
+    # Today's order: the settings last, the swept ones first among them.
+    first = [config_column(k) for k in swept_keys(upgraded) if config_column(k) in upgraded]
+    settings = first + [c for c in upgraded.columns if c.startswith(CONFIG_PREFIX) and c not in first]
+    return upgraded[[c for c in upgraded.columns if not c.startswith(CONFIG_PREFIX)] + settings]
 
 
 # Artifact paths are stored relative to the sweep folder, so a folder moved or copied (cluster
