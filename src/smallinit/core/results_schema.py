@@ -240,10 +240,14 @@ def upgrade(df):
     if params and SWEPT not in upgraded:
         at = upgraded.columns.get_loc(ROLE) + 1 if ROLE in upgraded else 0
         upgraded.insert(at, SWEPT, ",".join(params))
-    # Today's order: the settings last, the swept ones first among them.
-    first = [config_column(k) for k in swept_keys(upgraded) if config_column(k) in upgraded]
-    settings = first + [c for c in upgraded.columns if c.startswith(CONFIG_PREFIX) and c not in first]
-    return upgraded[[c for c in upgraded.columns if not c.startswith(CONFIG_PREFIX)] + settings]
+    return in_table_order(upgraded)
+
+
+def in_table_order(df):
+    """The table's column order: the settings (config/<key>) last, the swept ones first among them."""
+    first = [config_column(k) for k in swept_keys(df) if config_column(k) in df]
+    settings = first + [c for c in df.columns if c.startswith(CONFIG_PREFIX) and c not in first]
+    return df[[c for c in df.columns if not c.startswith(CONFIG_PREFIX)] + settings]
 
 
 # Artifact paths are stored relative to the sweep folder, so a folder moved or copied (cluster

@@ -96,7 +96,9 @@ def read_table(folder: Path, columns: list[str] | None = None, local_paths: bool
     if columns is not None:
         missing = [c for c in columns if c not in df]
         if missing:
-            raise ReportError(f"{schema.results_path(folder)} has no column {missing[0]!r}: a table this version cannot read")
+            renamed = schema.RENAMED.get(missing[0]) if not short_names else None
+            raise ReportError(f"{schema.results_path(folder)} has no column {missing[0]!r}"
+                              + (f": its name in the table is {renamed!r}" if renamed else ""))
         df = df[columns]
     return df
 

@@ -195,15 +195,13 @@ def build_table(sweep_dir: Path, study_states: dict[str, dict[str, Any]] | None 
             dirs[ident] = TrialDir(state["trial_dir"])
     rows = [row for ident, d in dirs.items() for row in trial_rows(d, study_states.get(ident), sweep_dir)]
     rows.sort(key=lambda r: (r[schema.TRIAL_NUMBER] is None, r[schema.TRIAL_NUMBER] or 0))  # swept keys in trial order
-    swept = _fill_unswept_params(rows, sweep_dir)
+    _fill_unswept_params(rows, sweep_dir)
     _fill_roles(rows, sweep_dir)
     df = pd.DataFrame(rows)
     if not df.empty:
         df = df.sort_values(schema.TRIAL_NUMBER, na_position="last", kind="stable").reset_index(drop=True)
-        first = [schema.config_column(k) for k in swept]  # the swept settings lead the config columns
-        config = first + sorted((c for c in df.columns if c.startswith(schema.CONFIG_PREFIX) and c not in first),
-                                key=list(df.columns).index)
-        df = df[[c for c in df.columns if c not in config] + config]
+        df = schema.in_table_order(df)
+        config = [c for c in df.columns if c.startswith(schema.CONFIG_PREFIX)]
         for column in config:
             df[column] = _one_kind(df[column])
     return df
@@ -220,7 +218,7 @@ def _one_kind(values: pd.Series) -> pd.Series:
                       else json.dumps(v))
 
 
-def _fill_unswept_params(rows: list[dict[str, Any]], sweep_dir: Path) -> list[str]:
+def _fill_unswept_params(rows: list[dict[str, Any]], sweep_dir: Path) -> None:
     """The keys the folder's sweep varied (`swept` on every row). A folder's grid may grow by a
     key (optim.lr swept in a folder first run at the default lr), and a swept key may be no config
     value (`seed`, `arm`): a row without one takes the value its composed config
@@ -250,7 +248,6 @@ def _fill_unswept_params(rows: list[dict[str, Any]], sweep_dir: Path) -> list[st
                 continue
             if isinstance(value, (bool, int, float, str)):
                 row[schema.config_column(key)] = value
-    return keys
 
 
 def _fill_roles(rows: list[dict[str, Any]], sweep_dir: Path) -> None:
