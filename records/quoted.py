@@ -1,4 +1,5 @@
-"""Numbers the docs quote from a committed record, held to that record.
+"""Numbers the docs quote from a committed record, held to that record: a record's reading.md to
+the section generated beside it (stray), and a marked passage of any page to the record it names.
 
 A passage of a markdown page between `<!-- quotes: PATH -->` and `<!-- /quotes -->` (PATH from
 the repository root: a .json record, or a .md/.log page a tool wrote) may state only numbers
@@ -17,8 +18,66 @@ import re
 import sys
 from pathlib import Path
 
-from .results_doc import QUOTES as BLOCK
-from .results_doc import REPO, numbers_in
+REPO = Path(__file__).resolve().parents[1]
+
+
+# Verdict words, longest first so that "not supported" is not also read as "supported".
+VERDICT_WORDS = ("not enough data", "not supported", "not run", "supported", "contradicted", "inconclusive")
+_NUMBER = re.compile(r"(?<![\w.^])([+-]?)(\d[\d,]*(?:\.\d+)?)")
+
+
+def numbers_in(text: str) -> set[str]:
+    """Every number as written, integers and decimals of any length: "+0.0634", "3", "327,680",
+    "0.74" (of "0.74M"). A minus sign (− or -) or plus is kept; digits inside a word (fp32, L=4's
+    "4" is kept: it follows "=") and exponents after ^ are not numbers a reader checks."""
+    out = set()
+    for sign, digits in _NUMBER.findall(text.replace("−", "-")):
+        out.add(sign + digits.rstrip(","))
+    return out
+
+
+def decimals_in(text: str) -> set[str]:
+    """Decimal numbers with 2+ places, as written (the changes note's check)."""
+    return set(re.findall(r"[+-]?\d+\.\d{2,}", text))
+
+
+def verdicts_in(text: str) -> set[str]:
+    """The verdict words a text uses."""
+    found, rest = set(), text.lower()
+    for word in VERDICT_WORDS:
+        hits = re.findall(rf"\b{word}\b", rest)
+        if hits:
+            found.add(word)
+            rest = re.sub(rf"\b{word}\b", " ", rest)
+    return found
+
+
+# A passage citing another record: `<!-- quotes: PATH -->...<!-- /quotes -->` (records/quoted.py checks it).
+QUOTES = re.compile(r"<!-- quotes: (\S+) -->(.*?)<!-- /quotes -->", re.S)
+
+
+def stray(reading: str, generated: str) -> list[str]:
+    """The numbers and verdict words of a reading that its generated section does not show.
+    A number written without a sign matches the section's number with either sign; "28%"
+    matches a shown fraction that rounds to it (0.280); numbers inside `code` (a command, a
+    config key) are not measurements and are not checked; nor are numbers in a `<!-- quotes: PATH -->`
+    passage, which cite another record and are held to it (records/quoted.py)."""
+    prose = re.sub(r"`[^`]*`", " ", QUOTES.sub(" ", reading))
+    shown = numbers_in(generated)
+    fractions = [float(x.replace(",", "")) for x in shown]
+    percents = re.findall(r"(?<![\w.])(\d+(?:\.\d+)?)%", prose.replace("−", "-"))
+
+    def ok(n: str) -> bool:
+        if n in shown or (n[0] not in "+-" and {f"+{n}", f"-{n}"} & shown):
+            return True
+        if n.lstrip("+-") in percents:  # quoted as a percentage of a shown fraction
+            k = len(n.split(".")[1]) if "." in n else 0
+            return any(round(100 * abs(x), k) == abs(float(n.replace(",", ""))) for x in fractions)
+        return False
+
+    out = [n for n in sorted(numbers_in(prose)) if not ok(n)]
+    return out + sorted(verdicts_in(prose) - verdicts_in(generated))
+
 
 
 def _walk(value, out: list) -> None:
@@ -69,7 +128,7 @@ def check(page: Path, repo: Path = REPO) -> list[str]:
     """One line per quoted number the named record does not hold (or per record that is missing)."""
     problems, page = [], Path(page).resolve()
     text = re.sub(r"`[^`\n]*<!--[^`\n]*`", " ", page.read_text())  # a marker shown as code is not one
-    for source, passage in BLOCK.findall(text):
+    for source, passage in QUOTES.findall(text):
         record = repo / source
         if not record.is_file():
             problems.append(f"{page.relative_to(repo)}: quotes {source}, which does not exist")

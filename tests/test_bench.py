@@ -229,7 +229,7 @@ def test_benchmarks_doc_is_what_the_committed_results_give():
 def test_benchmarks_doc_prose_quotes_no_measured_figure():
     """Figures live in the generated tables: the hand-written prose may name a run's settings
     (the trial counts, the matmul's side) but no measurement, so none can go stale."""
-    from records.results_doc import stray
+    from records.quoted import stray
 
     doc = bench_doc.DOC.read_text()
     results = json.loads(bench_doc.RESULTS.read_text())

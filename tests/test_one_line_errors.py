@@ -14,7 +14,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from smallinit.experiments.data.load import ReportError, load, read_metrics
+from smallinit.experiments.data.load import ReportError, load
+from smallinit.experiments.data.trial_files import read_metrics
 from smallinit.trainer.export import main as export_main
 
 from .conftest import WIDTHS, report_cli

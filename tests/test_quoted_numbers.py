@@ -35,4 +35,4 @@ def test_every_quoted_number_is_in_its_record(page):
 
 @pytest.mark.parametrize("name", QUOTING)
 def test_the_measured_pages_quote_their_records(name):
-    assert quoted.BLOCK.search((quoted.REPO / name).read_text()), f"{name} quotes no record"
+    assert quoted.QUOTES.search((quoted.REPO / name).read_text()), f"{name} quotes no record"

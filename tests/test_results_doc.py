@@ -9,7 +9,7 @@ import shutil
 import pytest
 from PIL import Image
 
-from records import results_doc
+from records import quoted, results_doc
 from records.record_claims import merged
 from smallinit.core import written
 from smallinit.core.errors import ConfigError
@@ -40,20 +40,20 @@ def test_readings_cite_only_numbers_and_verdicts_from_the_summary(experiment):
     summary = merged(json.loads((folder / "summary.json").read_text()), folder)  # claims.json's rows too
     generated = results_doc.section(experiment, summary,
                                     *results_doc.record_texts(folder, reading=False))
-    stray = results_doc.stray(reading.read_text(), generated)
+    stray = quoted.stray(reading.read_text(), generated)
     assert not stray, f"{reading} cites numbers or verdicts that its generated section does not show: {stray}"
 
 
 def test_the_readings_check_reads_integers_one_decimal_values_and_verdict_words():
     shown = "gap −0.0634 [−0.1200, +0.0016] over 3 seeds, 46.9 min; saturation 0.280; **inconclusive**; not supported"
-    assert results_doc.stray("3 seeds, 46.9 min, a gap of 0.0634, saturation 28%: inconclusive", shown) == []
-    assert results_doc.stray("over 4 seeds", shown) == ["4"]
-    assert results_doc.stray("46.8 min", shown) == ["46.8"]
-    assert results_doc.stray("a gap of +0.0634", shown) == ["+0.0634"]  # a sign, once written, must match
-    assert results_doc.stray("29% saturated", shown) == ["29"]
-    assert results_doc.stray("the claim is contradicted", shown) == ["contradicted"]
-    assert results_doc.stray("it is supported", shown) == ["supported"]  # "not supported" is another word
-    assert results_doc.stray("run `seed=range(0,6)` to see", shown) == []  # a command, not a measurement
+    assert quoted.stray("3 seeds, 46.9 min, a gap of 0.0634, saturation 28%: inconclusive", shown) == []
+    assert quoted.stray("over 4 seeds", shown) == ["4"]
+    assert quoted.stray("46.8 min", shown) == ["46.8"]
+    assert quoted.stray("a gap of +0.0634", shown) == ["+0.0634"]  # a sign, once written, must match
+    assert quoted.stray("29% saturated", shown) == ["29"]
+    assert quoted.stray("the claim is contradicted", shown) == ["contradicted"]
+    assert quoted.stray("it is supported", shown) == ["supported"]  # "not supported" is another word
+    assert quoted.stray("run `seed=range(0,6)` to see", shown) == []  # a command, not a measurement
 
 
 @pytest.mark.parametrize("experiment", results_doc.EXPERIMENTS)
@@ -157,7 +157,7 @@ def test_the_changes_note_cites_only_numbers_the_page_shows():
     if not changes.exists():
         pytest.skip("no docs/results/changes.md")
     page = (DOCS / "results.md").read_text().replace(changes.read_text().strip(), "")
-    stray = results_doc.decimals_in(changes.read_text()) - results_doc.decimals_in(page)
+    stray = quoted.decimals_in(changes.read_text()) - quoted.decimals_in(page)
     assert not stray, f"{changes} cites numbers the generated page does not show: {sorted(stray)}"
 
 

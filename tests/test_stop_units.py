@@ -182,3 +182,39 @@ def test_a_signal_whose_interrupt_was_dropped_still_stops_the_driver_at_its_next
         stop.check()
     with pytest.raises(KeyboardInterrupt), stop.tune_takes_stops():
         pass
+
+
+@pytest.mark.parametrize("place", ["destructor", "at_fork_hook"])
+def test_a_signal_landing_where_python_drops_exceptions_still_unwinds_the_main_thread_with_no_output(place):
+    """CI once saw SIGTERM land in logging's at-fork hook while Ray started a process: the stop's
+    KeyboardInterrupt was printed as "Exception ignored" and dropped. It must unwind the next step."""
+    code = textwrap.dedent(f"""
+        import os, signal, sys, time
+        from smallinit.sweeper.runtime import stop
+        stop.install()
+
+        def signal_here():
+            os.kill(os.getpid(), signal.SIGTERM)
+            for _ in range(1000):  # bytecode inside the hook: the handler runs here
+                pass
+
+        class Dropped:
+            def __del__(self):
+                signal_here()
+
+        try:
+            if "{place}" == "destructor":
+                Dropped()
+            else:
+                os.register_at_fork(after_in_parent=signal_here)
+                if os.fork() == 0:
+                    os._exit(0)
+            time.sleep(5)
+            print("not stopped", flush=True)
+        except KeyboardInterrupt:
+            print(stop.resume_line(), flush=True)
+            sys.exit(stop.exit_status(1))
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join([os.path.join(REPO, "src"), str(REPO)])})
+    assert (proc.returncode, proc.stdout, proc.stderr) == (143, "stopped by SIGTERM; rerun the same command to resume\n", "")

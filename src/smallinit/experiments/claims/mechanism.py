@@ -21,7 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from smallinit.experiments.data.load import Sweep, probe_snapshots, read_metrics, read_snapshot
+from smallinit.experiments.data.load import Sweep
+from smallinit.experiments.data.trial_files import probe_snapshots, read_metrics, read_snapshot
 
 PROBE_KINDS = ("row_cosine", "stable_rank", "attn_sink", "saturation", "residual_ratio")
 CONDENSE_REL = 0.10

@@ -1,4 +1,5 @@
-"""Read sweeps into frames: the results table, per-trial metrics, probes and per-token losses.
+"""Read sweeps into frames: the results table and what the analysis compares (a trial's own
+files, metrics, probes and per-token losses, are read by trial_files.py).
 
 Vocabulary used by every module of the report:
 
@@ -16,9 +17,7 @@ sweep ran select-then-confirm (a `role` column), only role=confirm trials are co
 
 from __future__ import annotations
 
-import json
 import os
-import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,7 +25,6 @@ import numpy as np
 import pandas as pd
 
 from smallinit.core import results_schema as schema
-from smallinit.core.errors import first_line
 from smallinit.core.trial_dir import TrialDir, unusable
 
 from .sweep_records import ReportError, Table, damaged_records, read_table_once
@@ -298,104 +296,6 @@ def size_label(row) -> str:
 
 def setting_label(row, cols: list[str]) -> str:
     return ", ".join(f"{c.removeprefix(schema.CONFIG_PREFIX)}={format_value(c, row[c])}" for c in cols)
-
-
-def read_metrics(path: str | Path) -> pd.DataFrame:
-    """metrics.jsonl -> one row per logged step (later lines win for a repeated step: resume).
-
-    A last line cut short (no newline: the trial was killed mid-write) is left out and the
-    steps before it are used; any other line that is not a JSON object with an integer step
-    is a ReportError naming the file and the line, not a number quietly dropped."""
-    if not isinstance(path, str | Path):
-        return pd.DataFrame()
-    try:
-        data = Path(path).read_bytes()
-    except FileNotFoundError:
-        return pd.DataFrame()
-    except OSError as e:
-        raise ReportError(f"{path}: cannot be read ({e.strerror or type(e).__name__})") from None
-    lines = data.split(b"\n")
-    tail = lines.pop()  # b"" when the file ends with a newline, as every whole file does
-    rows = [_metrics_row(path, n, raw) for n, raw in enumerate(lines, 1) if raw.strip()]
-    if tail.strip() and not _cut_short(tail):
-        rows.append(_metrics_row(path, len(lines) + 1, tail))
-    if not rows:
-        return pd.DataFrame()
-    df = pd.DataFrame(rows)
-    return df.groupby("step", as_index=False).last().sort_values("step").reset_index(drop=True)
-
-
-def _cut_short(tail: bytes) -> bool:
-    """A line the trainer began (trainer/reporting.py writes `{"step": ...}`) and did not finish."""
-    start = b'{"step": '
-    if tail[:len(start)] != start[:len(tail)]:
-        return False
-    try:
-        json.loads(tail)
-    except ValueError:
-        return True
-    return False
-
-
-def _metrics_row(path, n: int, raw: bytes) -> dict:
-    try:
-        row = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        why = "is not UTF-8 text" if isinstance(e, UnicodeDecodeError) else f"is not JSON ({e.msg})"
-        raise ReportError(f"{path}: line {n} {why}: the file is damaged; restore it, or move it aside to "
-                          "report without this trial's curves") from None
-    if not isinstance(row, dict) or not isinstance(row.get("step"), int) or isinstance(row["step"], bool):
-        what = f"a {type(row).__name__}" if not isinstance(row, dict) else "an object without an integer step"
-        raise ReportError(f"{path}: line {n} is {what}, not a logged step: the file is damaged; restore it, or "
-                          "move it aside to report without this trial's curves")
-    return row
-
-
-def read_per_token(path) -> tuple[np.ndarray, np.ndarray] | None:
-    if not isinstance(path, str | Path) or not Path(path).exists():
-        return None
-    with _npz(path) as z:
-        try:
-            return z["targets"], z["loss"].astype(np.float64)
-        except Exception as e:  # noqa: BLE001 - a missing key or a damaged member
-            raise _damaged(path, e) from None
-
-
-def probe_snapshots(probes_dir) -> list[tuple[int, Path]]:
-    """[(step, path)] of the row-cosine snapshots, in step order."""
-    if not isinstance(probes_dir, str | Path) or not Path(probes_dir).is_dir():
-        return []
-    out = []
-    for p in Path(probes_dir).glob("step_*.npz"):
-        try:
-            out.append((int(p.stem.removeprefix("step_")), p))
-        except ValueError:
-            continue
-    return sorted(out)
-
-
-def read_snapshot(path: Path) -> dict[str, np.ndarray]:
-    with _npz(path) as z:
-        try:
-            return {k: z[k].astype(np.float32) for k in z.files}
-        except Exception as e:  # noqa: BLE001 - a damaged member
-            raise _damaged(path, e) from None
-
-
-def _npz(path):
-    """np.load of a trial's .npz, or one line naming it: a damaged file must not turn into a
-    traceback, nor be skipped (the figures would silently lose a trial)."""
-    if not zipfile.is_zipfile(path):
-        raise _damaged(path, ValueError("not an .npz (zip) file"))
-    try:
-        return np.load(path, allow_pickle=False)
-    except Exception as e:  # noqa: BLE001 - numpy raises ValueError, OSError, zipfile.BadZipFile...
-        raise _damaged(path, e) from None
-
-
-def _damaged(path, e: Exception) -> ReportError:
-    return ReportError(f"{path} is damaged ({first_line(e)}): restore it, or move its trial folder aside and rerun "
-                       "the sweep's command to train that trial again")
 
 
 NUMERIC = ("gamma", "eps", "lr", "weight_decay", "tokens", "n_params", "d_model", "n_layers", "init_seed", "train_seed")

@@ -19,7 +19,8 @@ import numpy as np
 import pandas as pd
 from scipy import optimize
 
-from smallinit.experiments.data.load import LOSS, SEED_COLS, Sweep, read_per_token
+from smallinit.experiments.data.load import LOSS, SEED_COLS, Sweep
+from smallinit.experiments.data.trial_files import read_per_token
 
 ALPHA_RANGE = (1e-3, 3.0)
 N_BOOT = 500

@@ -11,7 +11,8 @@ import math
 import numpy as np
 import pandas as pd
 
-from smallinit.experiments.data.load import SEED_COLS, read_metrics
+from smallinit.experiments.data.load import SEED_COLS
+from smallinit.experiments.data.trial_files import read_metrics
 
 from .paired import t_interval
 

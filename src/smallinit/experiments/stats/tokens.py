@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from smallinit.experiments.data.load import SEED_COLS, Sweep, read_per_token
+from smallinit.experiments.data.load import SEED_COLS, Sweep
+from smallinit.experiments.data.trial_files import read_per_token
 
 from .stats import Comparison, from_diffs
 

@@ -37,7 +37,7 @@ import numpy as np
 import pandas as pd
 
 from smallinit.core.trial_dir import TrialDir
-from smallinit.experiments.data.load import read_per_token
+from smallinit.experiments.data.trial_files import read_per_token
 
 N_BOOT = 2000
 BOOT_SEED = 0

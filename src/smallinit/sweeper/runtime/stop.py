@@ -40,6 +40,7 @@ _in_tune = False
 # While Tune runs: how to record the sweep without Ray, and how to tell Ray is gone.
 _without_ray: tuple[Callable[[], None], Callable[[], bool]] | None = None
 POLL_S = 0.2
+REDELIVER_S = 0.05
 
 # Tune's log lines about its own stop: replaced by ours (the resume is a rerun, and the trials
 # it lists as incomplete, or has no metrics for, appear in the closing summary as INTERRUPTED).
@@ -69,6 +70,30 @@ def install() -> None:
             tune_log.addFilter(_HideTuneStopLines(starts))
     signal.signal(signal.SIGINT, _on_signal)
     signal.signal(signal.SIGTERM, _on_signal)
+    if not getattr(sys.unraisablehook, "_smallinit_stop", False):
+        sys.unraisablehook = _redeliver_ignored_stop(sys.unraisablehook)
+
+
+def _redeliver_ignored_stop(hook):
+    """A signal handler runs wherever the main thread is; if that is a place whose exceptions
+    Python drops (a destructor, a weakref callback, an at-fork hook such as logging's
+    `_releaseLock` when Ray starts a process), the stop's KeyboardInterrupt would be printed as
+    "Exception ignored" and lost until the next check(). Instead the signal is sent to the main
+    thread again a moment later, from a helper thread (from here it would land in the same place
+    again), with no output: as if it had arrived then. It also wakes a blocking call."""
+    def redeliver(unraisable) -> None:
+        if _received is not None and isinstance(unraisable.exc_value, KeyboardInterrupt):
+            threading.Thread(target=_signal_main_thread, args=(_received,), daemon=True).start()
+            return
+        hook(unraisable)
+
+    redeliver._smallinit_stop = True
+    return redeliver
+
+
+def _signal_main_thread(signum: int) -> None:
+    time.sleep(REDELIVER_S)
+    signal.pthread_kill(threading.main_thread().ident, signum)
 
 
 @contextlib.contextmanager
@@ -99,10 +124,8 @@ def handlers_kept():
 
 
 def check() -> None:
-    """Unwind now if a stop signal came and did not unwind the driver. A handler's exception
-    raised while Python runs a destructor or a weakref callback (SQLAlchemy's, Ray's) is printed
-    as "Exception ignored" and dropped; the signal is still recorded, so the driver calls this
-    between its steps and no signal is lost."""
+    """Unwind now if a stop signal came and did not unwind the driver (a second guard beside
+    _redeliver_ignored_stop: the driver calls this between its steps, so no signal is lost)."""
     if _received is not None and not _in_tune:
         raise KeyboardInterrupt
 
