@@ -46,6 +46,25 @@ def ray_session() -> Path:
     return Path(os.environ.get("RAY_TMPDIR", "/tmp"), "ray", "session_latest").resolve()
 
 
+@pytest.mark.slow
+def test_the_results_table_lists_a_trial_as_it_ends_while_the_sweep_goes_on(tmp_path, data_cache):
+    """A sweep that runs for days, or whose machine stops with it, has a table as current as its
+    last ended trial, not only one written as the sweep ends."""
+    sweep_dir = tmp_path / "sweeps" / "live"
+    driver = start(tmp_path, data_cache, "init.gamma=0.5,1.0", *SLOW, "ray.num_cpus=1", "name=live")
+
+    def one_listed_complete() -> bool:
+        path = sweep_dir / "results.parquet"
+        return path.is_file() and int((pd.read_parquet(path)["state"] == "COMPLETE").sum()) == 1
+
+    try:
+        wait_for(one_listed_complete, driver)
+        assert driver.poll() is None  # the other trial still trains
+    finally:
+        os.killpg(driver.pid, signal.SIGTERM)
+        driver.communicate(timeout=60)
+
+
 # ---- 1. exit status ----
 
 # Ctrl-C sends SIGINT to the whole foreground group, Ray's processes included; a scheduler

@@ -108,6 +108,28 @@ def test_each_ending_is_recorded_once_as_tune_reports_it(study, tmp_path, error,
     assert sum(searcher.counts.values()) == 1
 
 
+def test_each_ending_is_followed_by_the_table_rewrite_which_sees_it_and_cannot_stop_the_sweep(study, tmp_path, caplog):
+    seen = []
+
+    def rewrite():  # the driver's refresh_table: it reads the study after the ending is recorded
+        seen.append([t.state for t in _trials(study)])
+        if len(seen) == 2:
+            raise OSError("disk full")
+
+    searcher = StudySearcher(study, SEARCH, [Pending(_spec(tmp_path, g)) for g in (0.5, 0.6)], 0, lambda p: None,
+                             0.5, grid_distributions=DISTS, on_trial_ended=rewrite)
+    searcher.suggest("a")
+    searcher.suggest("b")
+    searcher.on_trial_result("a", {METRIC: 7.0, "step": 4})
+    assert seen == []  # a report is not an ending
+    searcher.on_trial_complete("a", {METRIC: 6.5, "done_training": True})
+    assert seen == [[TrialState.COMPLETE, TrialState.RUNNING]]
+    searcher.on_trial_complete("b", {"failed": True, "fail_reason": "x"})  # its rewrite fails: logged, not raised
+    assert seen[1] == [TrialState.COMPLETE, TrialState.FAIL]
+    assert "results table not rewritten after trial 1 ended: disk full" in caplog.text
+    assert searcher.counts == {"complete": 1, "pruned": 0, "failed": 1}
+
+
 def test_intermediate_results_are_reported_by_step(study, tmp_path):
     searcher = _searcher(study, [Pending(_spec(tmp_path, 0.5))])
     searcher.suggest("t1")

@@ -274,16 +274,25 @@ def write_table(sweep_dir: Path, df: pd.DataFrame) -> Path:
     return path
 
 
-def write_results(sweep_dir: Path, study: Study) -> pd.DataFrame:
-    """Rebuild and write the table from the trial folders and the study; print the counts,
-    the lowest single trial and, with seeds swept, the best setting over its seeds."""
+def refresh_table(sweep_dir: Path, study: Study) -> pd.DataFrame:
+    """Rebuild the table from the trial folders and the study, and write it. The driver calls
+    this as each trial ends, so a sweep that runs for days (or is killed with its machine) has a
+    table as current as its last ended trial, and again when the sweep ends."""
     states = {
         ident: {"number": t.number, "state": t.state.name, "fail_reason": t.user_attrs.get("fail_reason"),
                 "trial_dir": t.user_attrs.get("trial_dir"), "role": t.user_attrs.get("role"), "params": t.params}
         for ident, t in study.by_identity().items()
     }
     df = build_table(sweep_dir, states)
-    path = write_table(sweep_dir, df)
+    write_table(sweep_dir, df)
+    return df
+
+
+def write_results(sweep_dir: Path, study: Study) -> pd.DataFrame:
+    """The table as the sweep ends (refresh_table); print the counts, the lowest single trial
+    and, with seeds swept, the best setting over its seeds."""
+    df = refresh_table(sweep_dir, study)
+    path = schema.results_path(sweep_dir)
     print(f"results: {path} ({summary.state_counts(df)})")
     for line in summary.failure_lines(df, sweep_dir):
         print(line)

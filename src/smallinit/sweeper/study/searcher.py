@@ -29,8 +29,10 @@ log = logging.getLogger(__name__)
 class StudySearcher(Searcher):
     def __init__(self, study: Study, space: SweepSpace, pending: list[Pending], n_new: int,
                  build_spec: Callable[[dict[str, Any]], TrialSpec], max_failure_rate: float,
-                 grid_distributions: dict[str, BaseDistribution] | None = None):
+                 grid_distributions: dict[str, BaseDistribution] | None = None,
+                 on_trial_ended: Callable[[], None] | None = None):
         super().__init__(metric=METRIC, mode="min")
+        self.on_trial_ended = on_trial_ended  # after the study records an ending (the driver rewrites the table)
         self.study, self.space, self.queue, self.n_new = study, space, list(pending), n_new
         # How fixed points (grid points, reruns) are recorded; a search records its own space.
         self.fixed_distributions = grid_distributions or space.distributions()
@@ -97,6 +99,11 @@ class StudySearcher(Searcher):
         key = {TrialState.COMPLETE: "complete", TrialState.PRUNED: "pruned"}.get(state, "failed")
         self.counts[key] += 1
         self._check_failure_rate()
+        if self.on_trial_ended is not None:
+            try:
+                self.on_trial_ended()
+            except Exception as e:  # the trials go on; the table is written again as the sweep ends
+                log.warning("results table not rewritten after trial %s ended: %s", trial.number, e)
 
     def _check_failure_rate(self) -> None:
         ended = sum(self.counts.values())
