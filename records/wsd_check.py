@@ -34,9 +34,12 @@ def _complete(sweep: Path, table=None) -> pd.DataFrame:
     df = sweep_table(sweep, table=table)
     df = df.assign(**{LOSS: pd.to_numeric(df[LOSS], errors="coerce")})  # all empty while a sweep's first trials run
     df = df[(df["state"] == "COMPLETE") & np.isfinite(df[LOSS])]
-    # A select-then-confirm sweep compares its confirm runs only, none until its confirm round has run.
-    if "role" in df and ((sweep / "protocol.json").is_file() or (df["role"] == "confirm").any()):
-        df = df[df["role"] == "confirm"]
+    # A select-then-confirm sweep compares its confirm runs only, none until its confirm round has
+    # run; its tuning runs (read mid-stage-1, before protocol.json exists) choose lrs, never compare.
+    if "role" in df:
+        df = df[df["role"].astype(str) != "tune"]
+        if (sweep / "protocol.json").is_file() or (df["role"] == "confirm").any():
+            df = df[df["role"] == "confirm"]
     return at_budget_choice(df, sweep)
 
 

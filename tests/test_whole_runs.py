@@ -115,6 +115,19 @@ def test_a_shared_sweep_without_an_arm_column_is_the_recipe_and_must_match_its_r
         check_same([cos, shared(0.5)])  # the baseline's init is not the recipe at a shared lr
 
 
+def test_a_sweep_read_while_it_tunes_compares_none_of_its_tuning_runs(tmp_path):
+    from records.whole_runs import load
+    (tmp_path / "tuning").mkdir()  # stage 1 under way: no protocol.json, every row a tuning run (here on seeds 1-6)
+    pd.DataFrame([{"state": "COMPLETE", "tokens": B, "train_seed": s, "lr": lr, "d_model": 128, "config/arm": arm,
+                   "final_val_loss": 4.5, "role": "tune", "config/optim.schedule": "cosine"}
+                  for s in SEEDS for arm in ("baseline", "small") for lr in (1e-3, 2e-3)]
+                 ).to_parquet(tmp_path / "tuning" / "results.parquet")
+    tuning = load(tmp_path / "tuning")
+    assert tuning.runs.empty
+    rows, waiting = _read([tuning])
+    assert rows == [] and waiting == ["tuning: no complete confirm run yet"]
+
+
 def test_a_family_of_leads_and_their_difference_reads_every_budget_of_two_wsd_sweeps():
     """crossover_registry's rule: per budget, the lead in each WSD sweep and lead(a) − lead(b),
     nothing else; budgets no cosine sweep trained are read with every_budget."""
