@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -111,6 +112,39 @@ def test_each_branch_equals_a_run_trained_for_its_budget_alone(trial_config, tmp
     assert [s for s, _ in logged] == list(range(1, 23))
     main = Branch(2816, 22, 18)
     assert [lr for _, lr in logged] == pytest.approx([branch_lr_at(s - 1, main, 0, trial.optim) for s, _ in logged])
+
+
+def test_a_run_stopped_after_a_budget_trains_the_whole_plans_branches_and_no_more(trial_config, tmp_path):
+    """train.stop_after: the warmup stays the whole plan's, so each budget it trains is the branch
+    the whole run takes, step for step; a select-then-confirm sweep runs a value chosen only for
+    the smaller budgets this way (hydra.sweeper.protocol.confirm_to_chosen)."""
+    warm = "optim.warmup_frac=0.1"  # int(0.1 * 22) = 2 steps of the plan's 22; of 20 steps it would be 2 too, of 10 only 1
+    whole, stopped = trial_config(*BUDGETS, warm), trial_config(*BUDGETS, warm, "train.stop_after=2560")
+    assert (stopped.train.max_tokens, stopped.train.total_steps, stopped.train.budgets_trained) == (2560, 20, (1280, 2560))
+    assert whole.train.budgets_trained == (1280, 2560, 2816) and stopped.identity() != whole.identity()
+    assert trial_config(*BUDGETS, warm, "train.stop_after=2816").identity() == whole.identity()  # the whole plan
+    for overrides, message in {(*BUDGETS, "train.stop_after=2000"): "train.stop_after=2000 is invalid: null or one of "
+                               "train.budgets [1280, 2560, 2816]",
+                               ("train.stop_after=1280",): "train.stop_after=1280 is invalid: must be null without "
+                               "train.budgets"}.items():
+        with pytest.raises(ConfigError, match=r"^" + re.escape(message)):
+            trial_config(*overrides)
+    run_trial(whole, tmp_path / "whole", log=lambda *_: None)
+    lines: list[str] = []
+    result = run_trial(stopped, tmp_path / "stopped", log=_quiet(lines))
+    w, s = TrialDir(tmp_path / "whole"), TrialDir(tmp_path / "stopped")
+    assert (result.budget_tokens, result.steps) == (2560, 20) and s.read_result() == _budget(s, 2560)
+    assert not s.budget_json(2816).exists() and s.planned_budgets() == [1280, 2560]
+    for tokens in (1280, 2560):  # bit for bit, on one machine
+        assert _budget(s, tokens)["final_val_loss"] == _budget(w, tokens)["final_val_loss"]
+    logged = [json.loads(line) for line in s.metrics.read_text().splitlines()]
+    assert max(r["step"] for r in logged) == 20
+
+    from smallinit.sweeper.results.results import build_table
+    sweep_dir = tmp_path / "sweep"
+    run_trial(stopped, TrialDir.in_sweep(sweep_dir, stopped.identity()).path, log=lambda *_: None)
+    df = build_table(sweep_dir, {stopped.identity(): {"number": 0, "state": "COMPLETE"}})
+    assert list(df[schema.BUDGET_TOKENS]) == [1280, 2560] and list(df[schema.STATE]) == ["COMPLETE"] * 2
 
 
 def test_a_kill_inside_a_branch_resumes_at_its_fork(trial_config, tmp_path, monkeypatch):

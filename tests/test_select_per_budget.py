@@ -14,6 +14,7 @@ from smallinit.core import results_schema as schema
 from smallinit.core.errors import ConfigError
 from smallinit.sweeper.config import protocol
 from smallinit.sweeper.config.config import ProtocolConf
+from smallinit.sweeper.config.space import parse_sweep
 
 from .conftest import sweep
 
@@ -53,6 +54,27 @@ def test_each_budget_chooses_its_own_lr_and_confirm_runs_each_chosen_lr_once():
     record = choice.to_dict()
     assert [c["budget_tokens"] for c in record["chosen_by_budget"]] == list(BUDGETS)
     assert len(record["tune_means_by_budget"]) == 3 * 4
+
+
+def test_with_confirm_to_chosen_each_confirm_run_ends_at_the_largest_budget_that_chose_its_lr():
+    _, choice = run_rounds(CONF, {"optim.lr": [2e-3, 4e-3, 8e-3, 16e-3]}, branches({1000: 8e-3, 2000: 8e-3, 4000: 4e-3}))
+    conf = ProtocolConf(tune=["optim.lr"], tune_seeds=[100], confirm_seeds=[1], per_budget=True, confirm_to_chosen=True)
+    assert protocol.confirm_points(conf, [choice]) == [
+        {"arm": "a", "optim.lr": 8e-3, "train.stop_after": 2000, "seed": 1},
+        {"arm": "a", "optim.lr": 4e-3, "train.stop_after": 4000, "seed": 1}]  # the largest: the whole plan
+    assert protocol.record(conf, [choice])["confirm_to_chosen"] is True
+    assert "each to the largest budget that chose it" in protocol.describe_plan(conf, parse_sweep(["optim.lr=1e-3,2e-3"]))[1]
+    # A folder's confirm runs were planned one way: another command keeps it; records from before the key ran them whole.
+    with pytest.raises(ConfigError, match=r"^hydra.sweeper.protocol.confirm_to_chosen=False is invalid for this folder"):
+        protocol.check_record(CONF, protocol.record(conf, [choice]))
+    protocol.check_record(CONF, {k: v for k, v in protocol.record(CONF, []).items() if k != "confirm_to_chosen"})
+    space = parse_sweep(["optim.lr=1e-3,2e-3"])
+    no_budgets = ProtocolConf(tune=["optim.lr"], tune_seeds=[100], confirm_seeds=[1], confirm_to_chosen=True)
+    with pytest.raises(ConfigError, match=r"^hydra.sweeper.protocol.confirm_to_chosen=true is invalid without "
+                                          r"hydra.sweeper.protocol.per_budget=true"):
+        protocol.check(no_budgets, space, asha=False)
+    with pytest.raises(ConfigError, match=r"^train.stop_after=512,1024 is invalid with hydra.sweeper.protocol.confirm_to_chosen"):
+        protocol.check(conf, parse_sweep(["optim.lr=1e-3,2e-3", "train.stop_after=512,1024"]), asha=False)
 
 
 def test_an_edge_any_budget_chooses_is_extended_on_both_sides():
@@ -156,6 +178,29 @@ def test_a_per_budget_sweep_chooses_from_the_branches_and_confirms_each_choice(t
     assert prov["results_tables"]["pb"]["sha256"] == hashlib.sha256(table.read_bytes()).hexdigest()
     copied = pd.read_csv(table)
     assert sorted(copied["identity"]) == sorted(pd.read_parquet(sweep_dir / "results.parquet")["identity"])
+
+
+@pytest.mark.slow
+def test_confirm_runs_to_their_chosen_budget_train_what_the_record_reads_and_no_more(tmp_path, data_cache):
+    # lr 1e-3 and 4e-2 on 512 and 1024 tokens: the budgets choose one each or the same one; either way every
+    # confirm run's rows end at the largest budget that chose its lr, and each budget reads one run per seed.
+    proc = sweep(tmp_path, data_cache, *[a.replace("optim.lr=1e-3,1e-2", "optim.lr=1e-3,4e-2") for a in PER_BUDGET],
+                 "hydra.sweeper.protocol.confirm_to_chosen=true")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    sweep_dir = tmp_path / "sweeps" / "pb"
+    record = json.loads((sweep_dir / "protocol.json").read_text())
+    df = schema.analysis_names(pd.read_parquet(sweep_dir / "results.parquet"))
+    confirm = df[df["role"] == "confirm"]
+    assert record["confirm_to_chosen"] is True and set(confirm["state"]) == {"COMPLETE"}
+    for choice in record["choices"]:
+        arm = choice["setting"]["arm"]
+        chosen = {c["budget_tokens"]: c["chosen"]["optim.lr"] for c in choice["chosen_by_budget"]}
+        mine = confirm[confirm["config/arm"] == arm]
+        for lr, runs in mine.groupby("lr"):
+            last = max(b for b, c in chosen.items() if c == lr)
+            assert sorted(runs["budget_tokens"]) == sorted([b for b in (512, 1024) if b <= last] * 2), (arm, lr)
+        for tokens, lr in chosen.items():
+            assert sorted(mine[(mine["budget_tokens"] == tokens) & (mine["lr"] == lr)]["train_seed"]) == [1, 2]
 
 
 def test_per_budget_without_budgets_is_refused_before_anything_is_written(tmp_path, data_cache):

@@ -361,13 +361,15 @@ class TrialDir:
         return _set_aside(self.budget_json(tokens))
 
     def planned_budgets(self) -> list[int]:
-        """train.budgets as trial.json (else sweep.json) records it; [] without budgets or a readable config."""
+        """The budgets the trial trains, as trial.json (else sweep.json) records them: train.budgets
+        up to its max_tokens (train.stop_after ends a run early); [] without budgets or a readable config."""
         for record in (self.read_trial(damaged_ok=True), self.read_sweep_plan()):
             cfg = record.get("config") if isinstance(record, dict) else None
             train = cfg.get("train") if isinstance(cfg, dict) else None
             if isinstance(train, dict):
-                budgets = train.get("budgets") or []
-                return [b for b in budgets if isinstance(b, int)] if isinstance(budgets, list) else []
+                budgets, last = train.get("budgets") or [], train.get("max_tokens")
+                return [b for b in budgets if isinstance(b, int) and (not isinstance(last, int) or b <= last)
+                        ] if isinstance(budgets, list) else []
         return []
 
     def write_failure(self, reason: str, traceback: str, kind: str | None = None) -> None:

@@ -298,7 +298,7 @@ def _branch_losses(spec: TrialSpec) -> dict[int, float | None]:
     missing or damaged (that budget then has no choice from this value)."""
     folder = TrialDir(spec.out_dir)
     out: dict[int, float | None] = {}
-    for tokens in spec.trial.train.budgets:
+    for tokens in spec.trial.train.budgets_trained:
         result = folder.read_budget_result(tokens, damaged_ok=True)
         ok = isinstance(result, dict) and result.get("identity") == spec.identity
         out[tokens] = result.get("final_val_loss") if ok else None

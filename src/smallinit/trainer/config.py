@@ -118,6 +118,12 @@ class TrainConfig:
     # cooldown_frac of its steps. Null: one budget, max_tokens or max_steps.
     budgets: tuple[int, ...] | None = None
     cooldown_frac: float = 0.2
+    # End the run at this budget (one of train.budgets): it trains that budget and the smaller
+    # ones, each the same branch, step for step, that the whole plan's run takes (the warmup
+    # stays warmup_frac of the largest budget), and the larger budgets get no result. A
+    # select-then-confirm sweep sets it where a value was chosen only for smaller budgets
+    # (hydra.sweeper.protocol.confirm_to_chosen). Null (or the largest budget): every budget.
+    stop_after: int | None = None
     # Budgets as tokens per parameter, e.g. [5, 10, 20]: they become train.budgets (each
     # rounded down to whole steps) when the trial is built, so one sweep over sizes gets each
     # size's own. Parameters of the model's shape (active, embedding and head included) without
@@ -151,6 +157,8 @@ class TrainConfig:
             object.__setattr__(self, "budgets_per_param", tuple(k))
         if self.budgets is not None:
             self._take_budgets()
+        else:
+            require(self.stop_after is None, "train.stop_after", self.stop_after, "must be null without train.budgets")
         require(
             self.max_tokens is not None or self.max_steps is not None,
             "train.max_tokens",
@@ -193,7 +201,15 @@ class TrainConfig:
         require(int(self.cooldown_frac * smallest) >= 1, "train.cooldown_frac", self.cooldown_frac,
                 f"must give the smallest budget ({b[0]} tokens, {smallest} steps) at least one cooldown step")
         object.__setattr__(self, "budgets", tuple(b))
-        object.__setattr__(self, "max_tokens", b[-1])
+        s = self.stop_after
+        require(s is None or s in b, "train.stop_after", s, f"null or one of train.budgets {list(b)}")
+        object.__setattr__(self, "stop_after", None if s == b[-1] else s)  # the whole plan: one trial, one identity
+        object.__setattr__(self, "max_tokens", b[-1] if s is None else s)
+
+    @property
+    def budgets_trained(self) -> tuple[int, ...]:
+        """The budgets this run trains: train.budgets up to train.stop_after (all of them without it)."""
+        return tuple(x for x in self.budgets or () if x <= self.max_tokens)
 
     @property
     def tokens_per_step(self) -> int:
@@ -256,6 +272,8 @@ class TrialConfig:
             d["train"].pop("cooldown_frac", None)
         if d["train"].get("budgets_per_param") is None:  # resolved into budgets, which the identity holds
             d["train"].pop("budgets_per_param", None)
+        if d["train"].get("stop_after") is None:  # added later: a run of the whole plan keeps its identity
+            d["train"].pop("stop_after", None)
         blob = json.dumps(d, sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 

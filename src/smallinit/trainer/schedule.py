@@ -89,13 +89,15 @@ def branch_lr_at(step: int, branch: Branch, warmup: int, optim) -> float:
 # probes/ and the per-token losses follow the main run only.
 
 class BudgetForks:
-    """The budgets of a trial: `main` is the largest (None without budgets), `side` the others
-    in fork order, `done` those whose branch has its file."""
+    """The budgets of a trial: `main` is the largest it trains (None without budgets; below the
+    plan's largest with train.stop_after), `side` the others it trains in fork order, `done`
+    those whose branch has its file. The warmup is the whole plan's, trained or not."""
 
     def __init__(self, train, optim):  # a TrainConfig and an OptimConfig (config.py imports this module)
         self.optim = optim
-        branches = budget_branches(train.budgets, train.tokens_per_step, train.cooldown_frac) if train.budgets else []
-        self.warmup = budget_warmup(branches, optim) if branches else 0
+        plan = budget_branches(train.budgets, train.tokens_per_step, train.cooldown_frac) if train.budgets else []
+        self.warmup = budget_warmup(plan, optim) if plan else 0
+        branches = [b for b in plan if b.tokens in train.budgets_trained]
         self.main: Branch | None = max(branches, key=lambda b: b.steps) if branches else None
         self.side = [b for b in branches if b is not self.main]
         self.done: set[int] = set()

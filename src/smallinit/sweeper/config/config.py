@@ -44,6 +44,10 @@ class ProtocolConf:
     # With train.budgets: each budget chooses its own tuned values from its cooldown branch, and
     # the confirm seeds run every value some budget chose (one run serves every budget that chose it).
     per_budget: bool = False
+    # With per_budget: each confirm run ends at the largest budget that chose its values
+    # (train.stop_after), not at the plan's largest; each budget it trains is the same branch,
+    # step for step. A value chosen only at 1M then costs 1M tokens a seed, not the whole plan's.
+    confirm_to_chosen: bool = False
 
     @property
     def enabled(self) -> bool:

@@ -17,7 +17,9 @@ chosen values on the confirm seeds.
 With per_budget (trials with train.budgets), every budget makes its own choice from its cooldown
 branch on the tuning seeds, a choice at an edge for any budget extends that edge, and the
 confirm round runs each value some budget chose; a budget's comparison then reads each
-confirm run's branch at that budget.
+confirm run's branch at that budget. With confirm_to_chosen, a confirm run ends at the largest
+budget that chose its value (train.stop_after): the branches it trains are the whole run's, step
+for step, and nothing past them is trained.
 
 Choosing on the seeds that are then compared flatters the arm with the noisier lr curve;
 choosing on separate seeds does not (the reason for the two roles).
@@ -44,6 +46,7 @@ from .space import Choices, SweepSpace
 RECORD = "protocol.json"  # in the sweep folder: the roles and every setting's choice
 TUNE, CONFIRM = "tune", "confirm"
 PENDING = object()  # a trial that has not ended: its round is not done
+STOP_KEY = "train.stop_after"  # where a confirm run ends with confirm_to_chosen (trainer/config.py)
 
 
 def check(conf: ProtocolConf, space: SweepSpace, asha: bool) -> None:
@@ -67,6 +70,12 @@ def check(conf: ProtocolConf, space: SweepSpace, asha: bool) -> None:
     if conf.seed_key in space.swept_keys:
         raise ConfigError(f"{conf.seed_key}={','.join(space.discrete[conf.seed_key].strings)} is invalid with "
                           f"{p}: the seeds come from {p}.tune_seeds and {p}.confirm_seeds; drop {conf.seed_key} from the sweep")
+    if conf.confirm_to_chosen and not conf.per_budget:
+        raise ConfigError(f"{p}.confirm_to_chosen=true is invalid without {p}.per_budget=true: a confirm run ends at "
+                          "the largest budget that chose its values, so the budgets must choose")
+    if conf.confirm_to_chosen and STOP_KEY in space.swept_keys:
+        raise ConfigError(f"{STOP_KEY}={','.join(space.discrete[STOP_KEY].strings)} is invalid with "
+                          f"{p}.confirm_to_chosen=true: the protocol sets where each confirm run ends")
     if asha:
         raise ConfigError(f"hydra.sweeper.asha.enabled=true is invalid with {p}: the choice is made from complete "
                           "tuning trials, and ASHA would stop some of them")
@@ -118,15 +127,18 @@ class Choice:
     by_budget: dict[int, dict[str, Any]] | None = None
     budget_means: dict[int, list[tuple[dict[str, Any], float]]] | None = None
 
-    def confirm_combos(self) -> list[dict[str, Any]]:
-        """The values the confirm seeds run at: the choice, or every budget's (each once)."""
+    def confirm_combos(self, to_chosen: bool = False) -> list[dict[str, Any]]:
+        """The values the confirm seeds run at: the choice, or every budget's (each once); with
+        to_chosen, each with the largest budget that chose it as its train.stop_after."""
         if self.by_budget is None:
             return [] if self.chosen is None else [self.chosen]
         out: list[dict[str, Any]] = []
         for combo in self.by_budget.values():
             if combo not in out:
                 out.append(combo)
-        return out
+        if not to_chosen:
+            return out
+        return [{**c, STOP_KEY: max(b for b, chosen in self.by_budget.items() if chosen == c)} for c in out]
 
     def to_dict(self) -> dict[str, Any]:
         out = {"setting": self.setting, "chosen": self.chosen, "at_edge": self.at_edge, "tried": self.tried,
@@ -208,8 +220,8 @@ def _per_budget(conf: ProtocolConf, means, best) -> tuple[dict | None, dict | No
 
 
 def confirm_points(conf: ProtocolConf, choices: list[Choice]) -> list[dict[str, Any]]:
-    return [{**c.setting, **combo, conf.seed_key: s} for c in choices for combo in c.confirm_combos()
-            for s in conf.confirm_seeds]
+    return [{**c.setting, **combo, conf.seed_key: s} for c in choices
+            for combo in c.confirm_combos(conf.per_budget and conf.confirm_to_chosen) for s in conf.confirm_seeds]
 
 
 def round_space(base: SweepSpace, points: list[dict[str, Any]]) -> SweepSpace:
@@ -240,6 +252,7 @@ def record(conf: ProtocolConf, choices: list[Choice], before: dict[str, Any] | N
     confirm = list(dict.fromkeys([*(before or {}).get("confirm_seeds", []), *conf.confirm_seeds]))
     return {"tune": list(conf.tune), "seed_key": conf.seed_key, "tune_seeds": list(conf.tune_seeds),
             "confirm_seeds": confirm, "max_extensions": conf.max_extensions, "per_budget": conf.per_budget,
+            "confirm_to_chosen": conf.confirm_to_chosen,
             "choices": [*kept, *mine.values()]}
 
 
@@ -253,8 +266,9 @@ def check_record(conf: ProtocolConf, before: dict[str, Any] | None) -> None:
     if before is None:
         return
     p = "hydra.sweeper.protocol"
-    before = {"per_budget": False, **before}  # records from before per_budget chose on the largest budget
-    for name in ("tune", "tune_seeds", "seed_key", "per_budget"):
+    # Records from before per_budget chose on the largest budget, and ran every confirm run whole.
+    before = {"per_budget": False, "confirm_to_chosen": False, **before}
+    for name in ("tune", "tune_seeds", "seed_key", "per_budget", "confirm_to_chosen"):
         mine = getattr(conf, name)
         if before.get(name) != (list(mine) if isinstance(mine, list | tuple) else mine):
             raise ConfigError(f"{p}.{name}={getattr(conf, name)!r} is invalid for this folder: its {RECORD} chose with "
@@ -270,6 +284,8 @@ def describe_plan(conf: ProtocolConf, space: SweepSpace) -> list[str]:
     most = len(setts) * math.prod(len(v) + 2 * conf.max_extensions for v in grid.values()) * len(conf.tune_seeds)
     n_confirm = len(setts) * len(conf.confirm_seeds)
     per_budget = " (per_budget: once per distinct value the budgets choose)" if conf.per_budget else ""
+    if conf.per_budget and conf.confirm_to_chosen:
+        per_budget = per_budget[:-1] + ", each to the largest budget that chose it)"
     tuned = " ".join(f"{k}={','.join(map(str, v))}" for k, v in grid.items())
     return [
         f"# stage 1 (tune): {len(setts)} setting(s) x {tuned} x {conf.seed_key} in {conf.tune_seeds} = {n_tune} trials; "

@@ -16,7 +16,6 @@ import time
 from dataclasses import dataclass
 
 from smallinit.trainer.config import TrialConfig, flops_per_token
-from smallinit.trainer.schedule import budget_branches
 
 MEASURE_S = 3.0  # timed steps stop once this much has passed (at least MIN_STEPS of each kind)
 MIN_STEPS = 2
@@ -49,7 +48,7 @@ def eval_tokens(trial: TrialConfig) -> int:
     total = t.total_steps
     evals = 1 + total // t.eval_every + (1 if total % t.eval_every else 0)
     if t.budgets:
-        evals += len(budget_branches(t.budgets, t.tokens_per_step, t.cooldown_frac)) - 1
+        evals += len(t.budgets_trained) - 1
     return evals * t.eval_tokens + t.per_token_eval_tokens
 
 

@@ -89,7 +89,9 @@ def trial_rows(trial_dir: TrialDir, study_state: dict[str, Any] | None = None,
     row.update(schema.config_columns(cfg))  # every setting, swept or not; build_table puts them last
     # A swept key the trial's build resolves away (train.budgets_per_param into tokens) keeps what was swept.
     row.update({c: v for c, v in swept.items() if row.get(c) is None})
-    rows = _budget_rows(row, trial_dir, train["budgets"]) if train.get("budgets") else [row]
+    # The budgets it trains: up to train.stop_after, which set max_tokens (TrainConfig.budgets_trained).
+    trained = [b for b in train.get("budgets") or [] if b <= train["max_tokens"]]
+    rows = _budget_rows(row, trial_dir, trained) if trained else [row]
     if sweep_dir is not None:
         for r in rows:
             for column in schema.PATH_COLUMNS:

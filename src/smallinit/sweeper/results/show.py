@@ -131,7 +131,7 @@ def trained_steps(train) -> int:
     cooldown included) plus each other budget's cooldown branch (trainer/schedule.py)."""
     if not train.budgets:
         return train.total_steps
-    branches = budget_branches(train.budgets, train.tokens_per_step, train.cooldown_frac)
+    branches = budget_branches(train.budgets_trained, train.tokens_per_step, train.cooldown_frac)
     main = max(branches, key=lambda b: b.steps)
     return main.steps + sum(b.cooldown for b in branches if b is not main)
 
@@ -140,7 +140,7 @@ def _steps_line(train) -> str:
     steps, tps = trained_steps(train), train.tokens_per_step
     line = f"{steps} steps x {tps} tokens = {steps * tps:,} tokens"
     if train.budgets:
-        line += (f" (budgets {', '.join(f'{b:,}' for b in train.budgets)} tokens: the largest run, "
+        line += (f" (budgets {', '.join(f'{b:,}' for b in train.budgets_trained)} tokens: the largest run, "
                  f"plus a cooldown of {train.cooldown_frac:g} x each other budget)")
     return line
 
