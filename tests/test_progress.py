@@ -190,6 +190,18 @@ def test_a_line_each_time_a_trial_ends_and_every_minute_while_none_does():
     ]
 
 
+def test_a_trial_line_is_one_line_in_a_log_however_many_keys_it_names():
+    table = ProgressTable(["arm", "optim.lr", "train.stop_after", "seed"], total=1)
+    table.console = Console(file=io.StringIO(), width=80)  # a log: rich's default width off a terminal
+    table.cost_of = lambda spec: None  # a stand-in spec
+    trial = _trial("a", 4)
+    trial.config["spec"].params = {"arm": "baseline", "optim.lr": 0.001, "train.stop_after": 1048576, "seed": 1}
+    table.on_trial_start(0, [], trial)
+    table.on_trial_complete(0, [], trial)
+    assert "trial 4 COMPLETE arm=baseline optim.lr=0.001 train.stop_after=1048576 seed=1 val_loss=5.0000" in (
+        table.console.file.getvalue().splitlines())
+
+
 def test_a_real_sweep_says_what_it_will_run_and_how_far_it_got(tmp_path, data_cache):
     proc = sweep(tmp_path, data_cache, "init.gamma=0.5,1.0", "wandb.mode=disabled", "name=prog")
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -250,7 +250,7 @@ class ProgressTable(tune.Callback):
         elif changed:
             val = f" val_loss={row['val']:.4f}" if isinstance(row["val"], float) else ""
             params = " ".join(f"{k}={v}" for k, v in row["params"].items())
-            self.console.print(f"trial {row['number']} {row['state']} {params}{val}", highlight=False)
+            self.console.print(f"trial {row['number']} {row['state']} {params}{val}", highlight=False, soft_wrap=True)
 
     def __getstate__(self) -> dict:  # Tune pickles callbacks at start; the console does not pickle
         return {"swept_keys": self.swept_keys, "total": self.total, "skipped": self.skipped, "costs": self.costs}
