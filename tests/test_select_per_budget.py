@@ -192,6 +192,8 @@ def test_confirm_runs_to_their_chosen_budget_train_what_the_record_reads_and_no_
     df = schema.analysis_names(pd.read_parquet(sweep_dir / "results.parquet"))
     confirm = df[df["role"] == "confirm"]
     assert record["confirm_to_chosen"] is True and set(confirm["state"]) == {"COMPLETE"}
+    lowest = next(line for line in proc.stdout.splitlines() if line.startswith("lowest single trial"))
+    assert "nan" not in lowest  # a tuning trial sets no train.stop_after: not named
     for choice in record["choices"]:
         arm = choice["setting"]["arm"]
         chosen = {c["budget_tokens"]: c["chosen"]["optim.lr"] for c in choice["chosen_by_budget"]}

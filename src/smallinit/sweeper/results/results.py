@@ -9,6 +9,7 @@ atomically. Its columns are core.results_schema, documented in docs/sweeps.md ("
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -290,6 +291,11 @@ def refresh_table(sweep_dir: Path, study: Study) -> pd.DataFrame:
     return df
 
 
+def _unset(value: Any) -> bool:
+    """A swept key this trial did not set (a protocol's confirm-only key on a tuning trial)."""
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
 def write_results(sweep_dir: Path, study: Study) -> pd.DataFrame:
     """The table as the sweep ends (refresh_table); print the counts, the lowest single trial
     and, with seeds swept, the best setting over its seeds."""
@@ -302,7 +308,7 @@ def write_results(sweep_dir: Path, study: Study) -> pd.DataFrame:
     if not done.empty:
         best = done.loc[done[schema.FINAL_VAL_LOSS].idxmin()]
         params = {k: best[c].item() if hasattr(best[c], "item") else best[c]
-                  for k in schema.swept_keys(df) if (c := schema.config_column(k)) in df}
+                  for k in schema.swept_keys(df) if (c := schema.config_column(k)) in df and not _unset(best[c])}
         folder = schema.to_local_path(best["trial_dir"], sweep_dir)
         # Named for what it is: with seeds swept, the lowest single run is one seed's draw and can
         # name another setting than the seed means below (the one to read).
