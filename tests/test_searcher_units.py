@@ -130,6 +130,23 @@ def test_each_ending_is_followed_by_the_table_rewrite_which_sees_it_and_cannot_s
     assert searcher.counts == {"complete": 1, "pruned": 0, "failed": 1}
 
 
+def test_the_table_is_rewritten_as_trials_end_but_never_more_than_a_tenth_of_the_time(monkeypatch):
+    from smallinit.sweeper.results import results
+
+    clock, rewrites = [0.0], []
+
+    def rewrite(sweep_dir, study):  # each rebuild takes 2 s of the driver's time
+        rewrites.append(clock[0])
+        clock[0] += 2.0
+
+    monkeypatch.setattr(results, "refresh_table", rewrite)
+    refresher = results.TableRefresher(None, None, clock=lambda: clock[0])
+    for at in (0.0, 1.0, 19.0, 20.5, 40.0):  # trials ending at these times
+        clock[0] = max(clock[0], at)
+        refresher()
+    assert rewrites == [0.0, 20.5]  # after one at 0-2 s, none until 2 + 9 x 2 = 20 s; then none until 40.5
+
+
 def test_intermediate_results_are_reported_by_step(study, tmp_path):
     searcher = _searcher(study, [Pending(_spec(tmp_path, 0.5))])
     searcher.suggest("t1")

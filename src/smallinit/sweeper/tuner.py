@@ -54,7 +54,7 @@ def run_trials(conf: SmallinitSweeperConf, ray_cfg: dict[str, Any], plan: SweepP
     from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
 
     from smallinit.sweeper.results.progress import ProgressTable, trial_cost
-    from smallinit.sweeper.results.results import refresh_table
+    from smallinit.sweeper.results.results import TableRefresher
     from smallinit.sweeper.study.searcher import StudySearcher
     from smallinit.sweeper.worker.trainable import METRIC, run_spec
 
@@ -63,7 +63,7 @@ def run_trials(conf: SmallinitSweeperConf, ray_cfg: dict[str, Any], plan: SweepP
     most = max(s.workers for s in [*plan.checked, *(p.spec for p in plan.pending)])
     searcher = StudySearcher(plan.study, plan.space, plan.pending, plan.n_new, lambda p: composer.spec(p, write=True),
                              conf.max_failure_rate, plan.grid_distributions,
-                             on_trial_ended=lambda: refresh_table(plan.sweep_dir, plan.study))
+                             on_trial_ended=TableRefresher(plan.sweep_dir, plan.study))
 
     class AbortStopper(tune.Stopper):
         def __call__(self, trial_id, result):

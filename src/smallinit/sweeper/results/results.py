@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -289,6 +290,23 @@ def refresh_table(sweep_dir: Path, study: Study) -> pd.DataFrame:
     df = build_table(sweep_dir, states)
     write_table(sweep_dir, df)
     return df
+
+
+class TableRefresher:
+    """refresh_table as each trial ends, at most ~10% of the driver's time: a rebuild that took
+    t seconds is not repeated for 9 t (5 ms a trial: a 1,000-trial search waits ~45 s between
+    rewrites, a 24-trial sweep ~1 s). A skipped ending is in the next rewrite or the sweep's last."""
+
+    def __init__(self, sweep_dir: Path, study: Study, clock=time.monotonic):
+        self.sweep_dir, self.study, self.clock, self.next_at = sweep_dir, study, clock, float("-inf")
+
+    def __call__(self) -> None:
+        start = self.clock()
+        if start < self.next_at:
+            return
+        refresh_table(self.sweep_dir, self.study)
+        end = self.clock()
+        self.next_at = end + 9 * (end - start)
 
 
 def _unset(value: Any) -> bool:
