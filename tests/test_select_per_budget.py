@@ -182,9 +182,13 @@ def test_a_per_budget_sweep_chooses_from_the_branches_and_confirms_each_choice(t
 
 @pytest.mark.slow
 def test_confirm_runs_to_their_chosen_budget_train_what_the_record_reads_and_no_more(tmp_path, data_cache):
-    # lr 1e-3 and 4e-2 on 512 and 1024 tokens: the budgets choose one each or the same one; either way every
-    # confirm run's rows end at the largest budget that chose its lr, and each budget reads one run per seed.
-    proc = sweep(tmp_path, data_cache, *[a.replace("optim.lr=1e-3,1e-2", "optim.lr=1e-3,4e-2") for a in PER_BUDGET],
+    # lr 3e-3 and 3e-2 on 512 and 8,192 tokens: here the baseline chooses 3e-3 for 512 and 3e-2 for
+    # 8,192 (by 0.06 nats on seed 100), so its 3e-3 confirm runs end at 512. Whatever is chosen,
+    # every confirm run's rows end at the largest budget that chose its lr, each budget reads one
+    # run per seed, and the report pairs the arms per budget.
+    args = [a.replace("optim.lr=1e-3,1e-2", "optim.lr=3e-3,3e-2").replace("train.budgets=[512,1024]", "train.budgets=[512,8192]")
+            for a in PER_BUDGET]
+    proc = sweep(tmp_path, data_cache, *args, "train.eval_every=8", "train.probe_every=0", "train.ckpt_every=8",
                  "hydra.sweeper.protocol.confirm_to_chosen=true")
     assert proc.returncode == 0, proc.stderr[-3000:]
     sweep_dir = tmp_path / "sweeps" / "pb"
@@ -194,15 +198,24 @@ def test_confirm_runs_to_their_chosen_budget_train_what_the_record_reads_and_no_
     assert record["confirm_to_chosen"] is True and set(confirm["state"]) == {"COMPLETE"}
     lowest = next(line for line in proc.stdout.splitlines() if line.startswith("lowest single trial"))
     assert "nan" not in lowest  # a tuning trial sets no train.stop_after: not named
-    for choice in record["choices"]:
-        arm = choice["setting"]["arm"]
-        chosen = {c["budget_tokens"]: c["chosen"]["optim.lr"] for c in choice["chosen_by_budget"]}
+    chosen = {c["setting"]["arm"]: {x["budget_tokens"]: x["chosen"]["optim.lr"] for x in c["chosen_by_budget"]}
+              for c in record["choices"]}
+    for arm, by_budget in chosen.items():
         mine = confirm[confirm["config/arm"] == arm]
         for lr, runs in mine.groupby("lr"):
-            last = max(b for b, c in chosen.items() if c == lr)
-            assert sorted(runs["budget_tokens"]) == sorted([b for b in (512, 1024) if b <= last] * 2), (arm, lr)
-        for tokens, lr in chosen.items():
+            last = max(b for b, c in by_budget.items() if c == lr)
+            assert sorted(runs["budget_tokens"]) == sorted([b for b in (512, 8192) if b <= last] * 2), (arm, lr)
+        for tokens, lr in by_budget.items():
             assert sorted(mine[(mine["budget_tokens"] == tokens) & (mine["lr"] == lr)]["train_seed"]) == [1, 2]
+    if len(set(chosen["baseline"].values())) == 2:  # as on the machines this was written on
+        assert "arm=baseline optim.lr=0.003 train.stop_after=512 seed=1" in proc.stdout
+
+    from smallinit.experiments.report.report import build
+
+    out = build([sweep_dir], out_root=tmp_path / "reports", log=lambda *_: None)
+    summary = json.loads((out / "summary.json").read_text())["token_crossover"]
+    assert [(g["tokens"], g["n"], g["lr_baseline"]) for g in summary["budgets"]] == [
+        (b, 2, chosen["baseline"][b]) for b in (512, 8192)]
 
 
 def test_per_budget_without_budgets_is_refused_before_anything_is_written(tmp_path, data_cache):

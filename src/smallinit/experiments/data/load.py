@@ -40,11 +40,13 @@ BASE_SETTING_COLS = ("eps", "gate", "norm")
 # native bf16: a bf16 trial follows its own trajectory, so trials are compared within a dtype.
 EXTRA_SETTING_COLS = ("ffn", "task", "tokens", "dtype")
 # Swept keys already represented by a resolved column (or by size, gamma, seeds): `seed` sets
-# init.seed and train.seed together, `arm` sets gamma, eps and gate together.
+# init.seed and train.seed together, `arm` sets gamma, eps and gate together. train.stop_after
+# is where a confirm run ends (hydra.sweeper.protocol.confirm_to_chosen): its rows are the
+# budgets it trained, each the whole run's branch, so it is not a setting.
 KNOWN_PARAMS = {
     "init.gamma", "seed", "arm", "init.seed", "train.seed", "norm.eps", "norm", "norm.type", "attn", "attn.gate",
     "model", "model.d_model", "model.n_layers", "optim.lr", "optim.weight_decay", "train.max_tokens", "ffn", "ffn.type",
-    "train.dtype", *schema.SHORT_NAMES.values(),
+    "train.dtype", "train.stop_after", *schema.SHORT_NAMES.values(),
 }
 LOSS = schema.FINAL_VAL_LOSS
 
