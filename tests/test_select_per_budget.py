@@ -198,6 +198,8 @@ def test_confirm_runs_to_their_chosen_budget_train_what_the_record_reads_and_no_
     assert record["confirm_to_chosen"] is True and set(confirm["state"]) == {"COMPLETE"}
     lowest = next(line for line in proc.stdout.splitlines() if line.startswith("lowest single trial"))
     assert "nan" not in lowest  # a tuning trial sets no train.stop_after: not named
+    best = next(line for line in proc.stdout.splitlines() if line.startswith("best setting"))
+    assert best.startswith("best setting: arm=") and "stop_after" not in best  # where a run ends is not a setting
     chosen = {c["setting"]["arm"]: {x["budget_tokens"]: x["chosen"]["optim.lr"] for x in c["chosen_by_budget"]}
               for c in record["choices"]}
     for arm, by_budget in chosen.items():

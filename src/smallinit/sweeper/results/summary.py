@@ -59,7 +59,8 @@ def best_setting_line(done: pd.DataFrame) -> str | None:
     None without two or more seeds per setting."""
     params = [c for k in schema.swept_keys(done) if (c := schema.config_column(k)) in done]
     seeds = [c for c in params if c.removeprefix(schema.CONFIG_PREFIX).split(".")[-1] == "seed"]
-    setting = [c for c in params if c not in seeds]
+    # train.stop_after: where a confirm run ends (protocol.confirm_to_chosen), not a setting.
+    setting = [c for c in params if c not in seeds and c != schema.config_column("train.stop_after")]
     if not seeds or not setting or done.empty:
         return None
     budgets = done[schema.BUDGET_TOKENS] if schema.BUDGET_TOKENS in done else None
