@@ -17,14 +17,13 @@ the cooldown.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 import numpy as np
 
 from smallinit.core.markdown import table as md_table
-from smallinit.core.trial_dir import TrialDir
+from smallinit.core.trial_dir import DamagedFile, TrialDir, unusable
 from smallinit.experiments.stats.paired import t_interval
 
 from . import OVERWRITE_HELP, sweep_protocol, write_record
@@ -51,13 +50,23 @@ def whole_runs(sweep: Path, baseline: str = "baseline") -> tuple[dict, str, int]
         seed = p.get(record.get("seed_key", "seed"))
         if seed in record.get("confirm_seeds", []) and p.get("arm") in lr_of \
                 and float(f"{float(p['optim.lr']):.6g}") == float(f"{lr_of[p['arm']]:.6g}"):
+            # Only a finished trial whose files are the ones it wrote (core/trial_files.py) is read.
+            which = f"{folder.path} ({p['arm']}, seed {seed})"
+            if not folder.finished:
+                raise SystemExit(f"error: {which} has not finished (no result.json): rerun its sweep, then read again")
+            damage = folder.damaged_result()
+            if damage is not None:
+                raise SystemExit(f"error: {which} is {unusable(damage)}: rerun its sweep to train it again, then read again")
             runs[(p["arm"], int(seed))] = folder
     return runs, recipe, budget
 
 
 def losses_at(folder: TrialDir, step: int, window: int) -> tuple[float, float]:
     """(mean train loss over the logged steps in (step − window, step], val loss logged at step)."""
-    rows = [json.loads(line) for line in folder.metrics.read_text().splitlines() if line.strip()]
+    try:
+        rows = folder.metrics_rows()
+    except DamagedFile as e:
+        raise SystemExit(f"error: {e}") from None
     train = [r[TRAIN] for r in rows if TRAIN in r and step - window < r["step"] <= step]
     val = [r[VAL] for r in rows if VAL in r and r["step"] == step]
     if not train or not val:

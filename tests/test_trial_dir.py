@@ -105,8 +105,10 @@ def test_last_metrics_keeps_each_keys_latest_value(tmp_path):
     d.metrics.write_text('{"step": 0, "val/loss": 5.0}\n\n{"step": 4, "val/loss": 4.0, "tokens": 64}\n'
                          '{"step": 8, "val/loss": null, "tokens": 128}\n')
     assert d.last_metrics() == {"step": 8, "val/loss": 4.0, "tokens": 128}  # null does not erase a value
-    d.metrics.write_text('{"step": 0}\n{"step": 4, "val/lo')
-    with pytest.raises(json.JSONDecodeError):
+    d.metrics.write_text('{"step": 0}\n{"step": 4, "val/lo')  # a last line a kill cut short: left out
+    assert d.last_metrics() == {"step": 0}
+    d.metrics.write_text('{"step": 0}\n{"step": 4, "val/lo\n{"step": 8}\n')  # cut inside the file: damage
+    with pytest.raises(DamagedFile, match="line 2 is not JSON"):
         d.last_metrics()
 
 

@@ -51,7 +51,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import trial_files
+from . import metrics_log, trial_files
 from .files import atomic_write_json
 
 TRIALS_FOLDER = "trials"  # a sweep folder keeps each trial at trials/<identity>/
@@ -384,12 +384,17 @@ class TrialDir:
 
     # ---- metrics.jsonl ----
 
+    def metrics_rows(self) -> list[dict[str, Any]]:
+        """metrics.jsonl's logged steps (core/metrics_log.py: a last line a kill cut short is left
+        out); [] without the file. Any other bad line raises DamagedFile naming the file."""
+        try:
+            return metrics_log.metrics_rows(self.metrics)
+        except metrics_log.DamagedLine as e:
+            raise DamagedFile(self.metrics, e) from None
+
     def last_metrics(self) -> dict[str, Any]:
-        """Each key's latest non-null value over all logged steps; {} without a metrics file.
-        A damaged line raises: the trainer flushes whole lines, so one means a real fault."""
+        """Each key's latest non-null value over all logged steps; {} without a metrics file."""
         last: dict[str, Any] = {}
-        if self.metrics.exists():
-            for line in self.metrics.read_text().splitlines():
-                if line.strip():
-                    last.update({k: v for k, v in json.loads(line).items() if v is not None})
+        for row in self.metrics_rows():
+            last.update({k: v for k, v in row.items() if v is not None})
         return last

@@ -10,6 +10,9 @@ import time
 from pathlib import Path
 from typing import Protocol
 
+from smallinit.core.metrics_log import DamagedLine, metrics_rows
+from smallinit.core.trial_dir import DamagedFile
+
 
 class Reporter(Protocol):
     def log(self, step: int, metrics: dict[str, float]) -> None: ...
@@ -20,14 +23,18 @@ class Reporter(Protocol):
 class JsonlReporter:
     """Appends one JSON line per call to a file: the trial's own durable record.
 
-    Lines are flushed as written; on resume the file is first truncated to the checkpoint's
-    step so no step appears twice."""
+    Lines are flushed as written; on resume the file is first cut back to the checkpoint's
+    step so no step appears twice. A last line a kill or a full disk cut short is dropped then
+    (core/metrics_log.py); any other bad line is DamagedFile naming the file."""
 
     def __init__(self, path: Path, resume_step: int | None = None):
         self.path = Path(path)
         if resume_step is not None and self.path.exists():
-            kept = [line for line in self.path.read_text().splitlines() if line and json.loads(line)["step"] <= resume_step]
-            self.path.write_text("".join(line + "\n" for line in kept))
+            try:
+                rows = metrics_rows(self.path)
+            except DamagedLine as e:
+                raise DamagedFile(self.path, e) from None
+            self.path.write_text("".join(json.dumps(row) + "\n" for row in rows if row["step"] <= resume_step))
         elif resume_step is None and self.path.exists():
             self.path.unlink()
         self._file = self.path.open("a")

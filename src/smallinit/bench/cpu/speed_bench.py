@@ -18,13 +18,14 @@ cpu_precision_check: the figure train.dtype=auto decides by (precision.timed_bf1
 
 from __future__ import annotations
 
-import json
 import shutil
 import tempfile
 import time
 from pathlib import Path
 
 import torch
+
+from smallinit.core.metrics_log import metrics_rows
 
 from ..base.bare import bare_loop
 from ..base.common import compose_trial, median, prepared_data, progress, rotate, spread
@@ -43,7 +44,7 @@ def _trainer_rate(trial, root: Path, warmup: int) -> tuple[float, dict]:
     out = Path(tempfile.mkdtemp(dir=root))
     try:
         result = run_trial(trial, out, log=lambda *_: None)
-        rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+        rows = metrics_rows(out / "metrics.jsonl")
     finally:
         shutil.rmtree(out, ignore_errors=True)
     rates = [r["perf/tokens_per_s"] for r in rows if "perf/tokens_per_s" in r and r["step"] > warmup]

@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -111,7 +112,6 @@ def fsdp_section(args, device: torch.device, log) -> dict:
     """The same few steps unsharded and under FSDP2 on one rank (section 3 above)."""
     import dataclasses
     import gc
-    import shutil
     import socket
 
     import torch.distributed as dist
@@ -153,7 +153,7 @@ def fsdp_section(args, device: torch.device, log) -> dict:
             if name.startswith("warmup"):
                 shutil.rmtree(out.path, ignore_errors=True)
                 continue
-            rows = [json.loads(x) for x in out.metrics.read_text().splitlines() if x.strip()]
+            rows = out.metrics_rows()
             sides[name] = {"tokens_per_s": res.tokens_per_s, "final_val_loss": res.final_val_loss,
                            "peak_memory_gb": torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
                            "train_loss": [[r["step"], r["train/loss"]] for r in rows if r.get("train/loss") is not None]}
@@ -191,9 +191,10 @@ def train_units(args, device: torch.device, log) -> list[tuple[str, object]]:
         def train() -> dict:
             trial = trial_for(preset, gamma, lr, args.data, vocab, budget, device.type, args.tiny)
             out = TrialDir(args.out / f"run-g{gamma:g}-lr{lr:g}")
+            shutil.rmtree(out.path, ignore_errors=True)  # an earlier check's run would be returned as finished
             t0 = time.perf_counter()
             res = run_trial(trial, out.path, log=lambda *_: None)
-            rows = [json.loads(x) for x in out.metrics.read_text().splitlines() if x.strip()]
+            rows = out.metrics_rows()
             for f in (out.model_weights, out.per_token_losses):
                 f.unlink(missing_ok=True)  # the JSON is the record; weights would not come back anyway
             log(f"train γ={gamma:g} lr={lr:g}: val loss {res.final_val_loss:.4f} ({res.tokens_per_s:,.0f} tok/s, "
@@ -223,8 +224,9 @@ def arms_units(args, device: torch.device, rec: Record, log) -> list[tuple[str, 
         trial = trial_for(preset, ARMS[arm]["gamma"], lr, args.data, vocab, budget, device.type, args.tiny,
                           eps=ARMS[arm]["eps"], gate=ARMS[arm]["gate"], seed=seed)
         out = TrialDir(args.out / f"arms-{arm}-lr{lr:g}-s{seed}")
+        shutil.rmtree(out.path, ignore_errors=True)  # an earlier check's run would be returned as finished
         res = run_trial(trial, out.path, log=lambda *_: None)
-        rows = [json.loads(x) for x in out.metrics.read_text().splitlines() if x.strip()]
+        rows = out.metrics_rows()
         for f in (out.model_weights, out.per_token_losses):
             f.unlink(missing_ok=True)
         log(f"arms {role} {arm} lr={lr:g} seed={seed}: val loss {res.final_val_loss:.4f} ({res.tokens_per_s:,.0f} tok/s)")

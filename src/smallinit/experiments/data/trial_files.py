@@ -4,7 +4,6 @@ figure would silently lose a trial) nor a traceback."""
 
 from __future__ import annotations
 
-import json
 import zipfile
 from pathlib import Path
 
@@ -12,6 +11,7 @@ import numpy as np
 import pandas as pd
 
 from smallinit.core.errors import first_line
+from smallinit.core.metrics_log import DamagedLine, metrics_rows
 
 from .sweep_records import ReportError
 
@@ -19,52 +19,22 @@ from .sweep_records import ReportError
 def read_metrics(path: str | Path) -> pd.DataFrame:
     """metrics.jsonl -> one row per logged step (later lines win for a repeated step: resume).
 
-    A last line cut short (no newline: the trial was killed mid-write) is left out and the
-    steps before it are used; any other line that is not a JSON object with an integer step
-    is a ReportError naming the file and the line, not a number quietly dropped."""
+    Read by core/metrics_log.py, as every reader of the file: a last line cut short (the trial
+    was killed mid-write) is left out; any other line that is not a JSON object with an integer
+    step is a ReportError naming the file and the line, not a number quietly dropped."""
     if not isinstance(path, str | Path):
         return pd.DataFrame()
     try:
-        data = Path(path).read_bytes()
-    except FileNotFoundError:
-        return pd.DataFrame()
+        rows = metrics_rows(path)
     except OSError as e:
         raise ReportError(f"{path}: cannot be read ({e.strerror or type(e).__name__})") from None
-    lines = data.split(b"\n")
-    tail = lines.pop()  # b"" when the file ends with a newline, as every whole file does
-    rows = [_metrics_row(path, n, raw) for n, raw in enumerate(lines, 1) if raw.strip()]
-    if tail.strip() and not _cut_short(tail):
-        rows.append(_metrics_row(path, len(lines) + 1, tail))
+    except DamagedLine as e:
+        raise ReportError(f"{path}: {e}: the file is damaged; restore it, or move it aside to "
+                          "report without this trial's curves") from None
     if not rows:
         return pd.DataFrame()
     df = pd.DataFrame(rows)
     return df.groupby("step", as_index=False).last().sort_values("step").reset_index(drop=True)
-
-
-def _cut_short(tail: bytes) -> bool:
-    """A line the trainer began (trainer/reporting.py writes `{"step": ...}`) and did not finish."""
-    start = b'{"step": '
-    if tail[:len(start)] != start[:len(tail)]:
-        return False
-    try:
-        json.loads(tail)
-    except ValueError:
-        return True
-    return False
-
-
-def _metrics_row(path, n: int, raw: bytes) -> dict:
-    try:
-        row = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        why = "is not UTF-8 text" if isinstance(e, UnicodeDecodeError) else f"is not JSON ({e.msg})"
-        raise ReportError(f"{path}: line {n} {why}: the file is damaged; restore it, or move it aside to "
-                          "report without this trial's curves") from None
-    if not isinstance(row, dict) or not isinstance(row.get("step"), int) or isinstance(row["step"], bool):
-        what = f"a {type(row).__name__}" if not isinstance(row, dict) else "an object without an integer step"
-        raise ReportError(f"{path}: line {n} is {what}, not a logged step: the file is damaged; restore it, or "
-                          "move it aside to report without this trial's curves")
-    return row
 
 
 def read_per_token(path) -> tuple[np.ndarray, np.ndarray] | None:

@@ -21,7 +21,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from smallinit.core import results_schema as schema
 from smallinit.core.files import atomic_write
-from smallinit.core.trial_dir import TrialDir, unusable
+from smallinit.core.trial_dir import DamagedFile, TrialDir, unusable
 from smallinit.sweeper.config import protocol
 
 from . import summary
@@ -85,7 +85,10 @@ def trial_rows(trial_dir: TrialDir, study_state: dict[str, Any] | None = None,
     if result is not None:
         row.update(_outcome(result, trial_dir))
     elif state == schema.PRUNED:
-        last = trial_dir.last_metrics()
+        try:
+            last = trial_dir.last_metrics()
+        except DamagedFile:  # one trial's damaged log leaves its losses blank, not the whole table unwritten
+            last = {}
         row.update(final_val_loss=last.get("val/loss"), best_val_loss=last.get("val/best_loss"), tokens=last.get("tokens"))
     swept = {schema.config_column(k): v for k, v in plan.get("params", {}).items()}
     row.update(schema.config_columns(cfg))  # every setting, swept or not; build_table puts them last

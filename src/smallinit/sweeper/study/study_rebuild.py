@@ -21,7 +21,6 @@ branch forked from a stable state that is gone, so the trial trains again.
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
@@ -36,7 +35,7 @@ from optuna.distributions import (
 from optuna.trial import TrialState
 
 from smallinit.core.errors import shown
-from smallinit.core.trial_dir import TRIALS_FOLDER, TrialDir, unusable
+from smallinit.core.trial_dir import TRIALS_FOLDER, DamagedFile, TrialDir, unusable
 
 from .study import TRIAL_DIR, Study
 
@@ -175,17 +174,12 @@ def _outcome(d: TrialDir) -> tuple[TrialState, float | None, dict[str, Any]]:
 
 def _val_curve(d: TrialDir) -> dict[int, float]:
     """step -> val/loss, as the trial reported it to the study while it ran."""
-    curve = {}
-    if d.metrics.exists():
-        for line in d.metrics.read_text().splitlines():
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:  # a line cut by a kill: the rest still counts
-                continue
-            loss = row.get("val/loss")
-            if isinstance(loss, int | float) and math.isfinite(loss):
-                curve[int(row["step"])] = float(loss)
-    return curve
+    try:
+        rows = d.metrics_rows()  # a last line a kill cut short is left out
+    except DamagedFile:  # the curve only informs a pruner; the trial's outcome is its result.json
+        return {}
+    return {row["step"]: float(row["val/loss"]) for row in rows
+            if isinstance(row.get("val/loss"), int | float) and math.isfinite(row["val/loss"])}
 
 
 def _covering(base: dict[str, BaseDistribution], points: list[dict[str, Any]]) -> dict[str, BaseDistribution]:
