@@ -65,7 +65,14 @@ def sweep_read(folder: Path):
 def sweep_table(folder: Path, columns: list[str] | None = None, table=None):
     """A sweep's results table (`table`, else sweep_read's), its artifact paths local to the folder
     and its compared settings under their short names (gamma, lr, train_seed)."""
+    from smallinit.experiments.data.load import hold_to_their_files
+
     df = (table or sweep_read(folder)).local(short_names=True)
+    # Each COMPLETE row is held to its trial's folder, as the report holds it (a trial whose files
+    # changed since the table was written is FAIL here, and named); a table copied without its
+    # trials' folders keeps its rows as recorded.
+    for line in hold_to_their_files(df):
+        print(f"{folder}: {line}", file=sys.stderr)
     missing = [c for c in columns or [] if c not in df]
     if missing:
         raise SystemExit(f"error: {Path(folder) / 'results.parquet'} has no column {missing[0]!r}")

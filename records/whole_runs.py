@@ -228,7 +228,7 @@ def trials_made_by(sweeps: list[Path], frames: list[pd.DataFrame]) -> dict:
 def _made_by(sweep: Path, df: pd.DataFrame) -> dict:
     seen: dict[str, set] = {"commits": set(), "dirty": set(), "dtypes": set(), "machines": set(), "torch": set()}
     for rel in sorted(set(df["trial_dir"])) if not df.empty else []:
-        made = (TrialDir(sweep / rel).read_result() or {}).get("made_by") or {}
+        made = (TrialDir(sweep / rel).read_result(damaged_ok=True) or {}).get("made_by") or {}
         m = made.get("machine") or {}
         seen["commits"].add(made.get("commit"))
         seen["dirty"].add(made.get("dirty"))

@@ -228,3 +228,47 @@ def test_a_damaged_table_or_protocol_stops_each_record_tool_in_one_line(tiny_swe
         err = proc.stderr.strip().splitlines()
         assert proc.returncode != 0 and len(err) == 1 and "Traceback" not in proc.stderr, (command, proc.stderr[-2000:])
         assert err[0].startswith(f"error: {sweep / damaged} ") and ("cannot be read" in err[0] or "is unreadable" in err[0])
+
+
+def test_a_trial_whose_result_was_moved_aside_after_the_table_is_left_out_and_named(tiny_sweep, tmp_path):
+    """The tool's own advice for a damaged result is to move it aside and rerun; a report built
+    in between must not count the row the table still calls COMPLETE."""
+    sweep = tmp_path / "rep"
+    shutil.copytree(tiny_sweep, sweep)
+    before = load([sweep]).complete
+    folder = Path(before["trial_dir"].iloc[0])
+    (folder / "result.json").rename(folder / "result.json.aside")
+    after = load([sweep])
+    assert len(after.complete) == len(before) - 1 and str(folder) not in set(after.complete["trial_dir"])
+    line = (f"trial {folder.name} left out of every verdict: {folder / 'result.json'} is missing (moved or deleted "
+            "since the table was written); rerun the sweep's command to train it again")
+    assert line in after.left_out
+
+
+def test_a_budget_row_of_a_trial_still_training_stands_on_its_branch_file(tmp_path):
+    from smallinit.core.trial_dir import TrialDir
+    from smallinit.experiments.data.load import _why_left_out
+
+    folder = TrialDir(tmp_path / "t")
+    folder.path.mkdir()
+    assert _why_left_out(folder, 1024) == f"{folder.budget_json(1024)} is missing (moved or deleted since the table was written)"
+    folder.budget_json(1024).parent.mkdir()
+    folder.budget_json(1024).write_text('{"final_val_loss": ')
+    assert _why_left_out(folder, 1024).startswith(f"{folder.budget_json(1024)} is damaged (not readable JSON")
+
+
+def test_the_record_builders_hold_each_row_to_its_folder_as_the_report_does(tiny_sweep, tmp_path, capsys):
+    from records import sweep_table
+
+    sweep = tmp_path / "rep"
+    shutil.copytree(tiny_sweep, sweep)
+    rows = sweep_table(sweep)
+    folder = Path(rows.loc[rows["state"] == "COMPLETE", "trial_dir"].iloc[0])
+    (folder / "metrics.jsonl").write_bytes(b'{"step": 0}\n')
+    capsys.readouterr()
+    again = sweep_table(sweep)
+    assert set(again.loc[again["trial_dir"] == str(folder), "state"]) == {"FAIL"}
+    assert (again["state"] == "COMPLETE").sum() == (rows["state"] == "COMPLETE").sum() - 1
+    err = capsys.readouterr().err
+    assert f"{sweep}: trial {folder.name} left out of every verdict: {folder / 'result.json'} is the record of files " \
+           "that changed since: metrics.jsonl" in err

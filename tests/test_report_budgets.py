@@ -20,6 +20,7 @@ import pandas as pd
 import pytest
 
 from smallinit.core import results_schema as schema
+from smallinit.core.trial_dir import RESULT_KEYS
 from smallinit.experiments.claims import budgets
 from smallinit.experiments.data.load import LOSS, load_report
 from smallinit.experiments.fits.effective_size import non_embedding_params
@@ -61,6 +62,9 @@ def budget_sweep(root: Path, budget_list=BUDGETS, seeds: int = 4, noise: float =
                     "model": {"vocab_size": VOCAB, "tie_embeddings": False}, "train": {"seq_len": SEQ}}}))
                 for budget in budget_list:
                     loss = law(2 * ne if arm == "recipe" else ne, budget, alpha) + luck[s] + rng.normal(0, noise / 4)
+                    if budget == max(budget_list):  # a finished trial's record: the report holds each row to it
+                        (folder / "result.json").write_text(json.dumps(dict.fromkeys(RESULT_KEYS, 0.0) | {
+                            "identity": ident, "steps": 1, "tokens": budget, "n_params": n, "final_val_loss": loss}))
                     rows.append(dict(identity=f"{ident}@{budget}", trial_identity=ident, state="COMPLETE", model="micro",
                                      n_params=n, d_model=width, n_layers=LAYERS, init_seed=s, train_seed=s, norm="rmsnorm",
                                      ffn="dense", task="lm", lr=3e-3, tokens=budget, budget_tokens=budget,

@@ -168,7 +168,7 @@ def load(dirs: list[Path], metric: str = LOSS, budgets: str = "all") -> Sweep:
     results = pd.concat(_each_trial_once(frames, dirs), ignore_index=True) if frames else pd.DataFrame()
     if results.empty:
         raise ReportError(f"{', '.join(str(d) for d in dirs)}: results.parquet has no trials")
-    left_out = _hold_to_their_files(results)
+    left_out = hold_to_their_files(results)
     damaged = damaged_records(dirs)
     if budgets == "largest" and has_branches(results):
         largest = results.groupby(schema.TRIAL_IDENTITY)[schema.BUDGET_TOKENS].transform("max")
@@ -215,10 +215,12 @@ def load(dirs: list[Path], metric: str = LOSS, budgets: str = "all") -> Sweep:
                  tuning=tuning, left_out=left_out, damaged_records=damaged, tables=tables)
 
 
-def _hold_to_their_files(results: pd.DataFrame) -> list[str]:
+def hold_to_their_files(results: pd.DataFrame) -> list[str]:
     """A COMPLETE row whose trial folder no longer holds what the trial left (a file it lists
-    changed, or result.json itself: core/trial_files.py) becomes FAIL with the reason, in place:
-    it is left out of every verdict, and the report says so (one line each, returned)."""
+    changed, or result.json itself, or result.json gone: core/trial_files.py) becomes FAIL with
+    the reason, in place: it is left out of every verdict, and the report says so (one line each,
+    returned). A table read where its trials' folders are not (a committed record's copy) keeps
+    its rows as recorded."""
     if "trial_dir" not in results or schema.STATE not in results:
         return []
     lines, seen = [], {}
@@ -227,17 +229,32 @@ def _hold_to_their_files(results: pd.DataFrame) -> list[str]:
         stored = results.at[i, "trial_dir"]
         if not isinstance(stored, str) or not Path(stored).is_dir():
             continue
-        if stored not in seen:
+        identity = results.at[i, schema.IDENTITY] if schema.IDENTITY in results else None
+        budget = results.at[i, schema.BUDGET_TOKENS] if isinstance(identity, str) and schema.BUDGET_SEP in identity else None
+        key = (stored, None if budget is None or pd.isna(budget) else int(budget))
+        if key not in seen:
             folder = TrialDir(stored)
-            why = folder.damaged_result()
-            seen[stored] = None if why is None else f"{folder.result_json} is {unusable(why)}"
-            if why is not None:
-                lines.append(f"trial {folder.path.name} left out of every verdict: {seen[stored]}; rerun the sweep's "
+            seen[key] = _why_left_out(folder, key[1])
+            if seen[key] is not None:
+                lines.append(f"trial {folder.path.name} left out of every verdict: {seen[key]}; rerun the sweep's "
                              "command to train it again")
-        if seen[stored] is not None:
+        if seen[key] is not None:
             results.at[i, schema.STATE] = schema.FAIL
-            results.at[i, schema.FAIL_REASON] = seen[stored]
+            results.at[i, schema.FAIL_REASON] = seen[key]
     return lines
+
+
+def _why_left_out(folder: TrialDir, budget: int | None) -> str | None:
+    """Why a row the table calls COMPLETE cannot be reported from its folder; None when it can. A
+    budget row of a trial still training stands on its branch's budgets/<tokens>.json."""
+    if folder.finished:
+        why = folder.damaged_result()
+        return None if why is None else f"{folder.result_json} is {unusable(why)}"
+    record = folder.result_json if budget is None else folder.budget_json(budget)
+    if not record.exists():
+        return f"{record} is missing (moved or deleted since the table was written)"
+    why = folder.damaged_budget(budget)
+    return None if why is None else f"{record} is {unusable(why)}"
 
 
 def trial_identities(df: pd.DataFrame) -> list[str | None]:
