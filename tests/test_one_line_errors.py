@@ -272,3 +272,27 @@ def test_the_record_builders_hold_each_row_to_its_folder_as_the_report_does(tiny
     err = capsys.readouterr().err
     assert f"{sweep}: trial {folder.name} left out of every verdict: {folder / 'result.json'} is the record of files " \
            "that changed since: metrics.jsonl" in err
+
+
+def test_an_export_edited_since_is_not_written_over_without_overwrite(tmp_path):
+    """The export's mark holds each file's sha256: a re-export of the same trial replaces only the
+    files as it wrote them; a user's edit of one of them is refused, named, unless --overwrite."""
+    from smallinit.core.errors import ConfigError
+    from smallinit.core.trial_files import sha256
+    from smallinit.trainer.export import MARK, _earlier_export
+
+    out = tmp_path / "hf"
+    out.mkdir()
+    for name in ("config.json", "generation_config.json"):
+        (out / name).write_text('{"a": 1}\n')
+    (out / MARK).write_text(json.dumps({"identity": "abc", "files": {n: sha256(out / n) for n in
+                                                                      ("config.json", "generation_config.json")}}))
+    assert _earlier_export(out, "abc", overwrite=False) == ["config.json", "generation_config.json"]
+    (out / "generation_config.json").write_text('{"a": 1, "temperature": 0.7}\n')
+    with pytest.raises(ConfigError, match=r"files of its export were edited since \(generation_config.json\); give "
+                                          r"another folder, or --overwrite to replace them \(nothing was written\)"):
+        _earlier_export(out, "abc", overwrite=False)
+    assert _earlier_export(out, "abc", overwrite=True) == ["config.json", "generation_config.json"]
+    # A mark from before the hashes lists names: nothing to hold them to, as before.
+    (out / MARK).write_text(json.dumps({"identity": "abc", "files": ["config.json", "generation_config.json"]}))
+    assert _earlier_export(out, "abc", overwrite=False) == ["config.json", "generation_config.json"]

@@ -146,14 +146,15 @@ def export(trial_dir: Path, out_dir: Path, tokenizer: Path | None = None, overwr
     _portable_config(out_dir / "config.json", cfg)
     if tok_file is not None:
         _write_tokenizer(out_dir, tok_file, eot is not None, cfg.max_seq_len)
-    files = sorted(str(p.relative_to(out_dir)) for p in out_dir.rglob("*") if p.is_file())
+    files = {str(p.relative_to(out_dir)): trial_files.sha256(p) for p in sorted(out_dir.rglob("*")) if p.is_file()}
     (out_dir / MARK).write_text(json.dumps({"identity": record["identity"], "config": record["config"],
                                             "files": files}, indent=2))
     return out_dir
 
 
-# Written last into an export folder: whose model it holds and every file the export wrote, so a
-# later export knows what it may replace (only those) and what it must not touch (the rest).
+# Written last into an export folder: whose model it holds and every file the export wrote with its
+# sha256, so a later export knows what it may replace (only those, as written) and what it must not
+# touch (the rest, and a written file edited since). A mark from before the hashes lists names only.
 MARK = "smallinit.json"
 
 
@@ -166,9 +167,10 @@ def _earlier_export(out_dir: Path, identity: str, overwrite: bool) -> list[str]:
         return []
     try:
         mark = json.loads((out_dir / MARK).read_text())
-        listed = set(mark["files"]) if isinstance(mark, dict) and isinstance(mark.get("files"), list) else set()
+        files = mark.get("files") if isinstance(mark, dict) else None
+        listed = files if isinstance(files, dict) else dict.fromkeys(files, None) if isinstance(files, list) else {}
     except (OSError, ValueError):
-        listed, mark = set(), {}
+        listed, mark = {}, {}
     foreign = [f for f in present if f != MARK and f not in listed]
     if foreign or MARK not in present:
         shown = ", ".join((foreign or present)[:4]) + (" ..." if len(foreign or present) > 4 else "")
@@ -177,6 +179,12 @@ def _earlier_export(out_dir: Path, identity: str, overwrite: bool) -> list[str]:
     if mark.get("identity") != identity and not overwrite:
         raise ConfigError(f"OUT_DIR={out_dir} is invalid: it holds the export of trial {mark.get('identity')}, not "
                           f"{identity}; give another folder, or --overwrite to replace that export's files")
+    edited = [f for f, digest in listed.items() if digest is not None and (out_dir / f).is_file()
+              and trial_files.sha256(out_dir / f) != digest]
+    if edited and not overwrite:
+        shown = ", ".join(edited[:4]) + (" ..." if len(edited) > 4 else "")
+        raise ConfigError(f"OUT_DIR={out_dir} is invalid: files of its export were edited since ({shown}); give "
+                          "another folder, or --overwrite to replace them (nothing was written)")
     return sorted(listed)
 
 
