@@ -349,3 +349,30 @@ def test_text_reads_parquet_with_the_reader_make_shards_uses(tmp_path):
     pq.write_table(pa.table({"body": ["x"]}), tmp_path / "other.parquet")
     with pytest.raises(ValueError, match="has no 'text' column"):
         corpus.read_text_file(tmp_path / "other.parquet")
+
+
+def test_make_shards_writes_only_into_a_new_folder_or_over_its_own_earlier_shards(tmp_path):
+    """A user's file in OUT_DIR is refused, always; an earlier run's shards need --overwrite, and
+    then go whole: a stale shard of a run with more shards never sits beside the new ones."""
+    from smallinit.data import make_shards
+
+    text = tmp_path / "text"
+    text.mkdir()
+    (text / "a.txt").write_text("\n\n".join(f"document {i} about the number {i * 7} and its friends" for i in range(200)))
+    out = tmp_path / "shards"
+    quiet = dict(vocab_size=300, val_fraction=0.1, log=lambda *_: None)
+    many = make_shards.make_shards(text, out, shard_tokens=500, **quiet)
+    assert len(many["train_shards"]) > 2
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    with pytest.raises(ValueError, match=r"holds shards made earlier: give another folder, or --overwrite to replace "
+                                         r"them \(nothing was written\)"):
+        make_shards.make_shards(text, out, shard_tokens=10**6, **quiet)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    one = make_shards.make_shards(text, out, shard_tokens=10**6, overwrite=True, **quiet)
+    assert one["train_shards"] == ["train_000000.bin"]
+    assert sorted(p.name for p in out.iterdir()) == sorted(["shards.json", "tokenizer.json", "train_000000.bin",
+                                                            *one["val_shards"]])
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(ValueError, match=r"holds files make_shards did not write \(notes.txt\)"):
+        make_shards.make_shards(text, out, shard_tokens=10**6, overwrite=True, **quiet)
+    assert (out / "notes.txt").read_text() == "mine" and (out / "shards.json").exists()

@@ -232,3 +232,17 @@ def test_the_real_fetch_and_prepare_give_at_least_40m_training_tokens(tmp_path):
     data = prepare(RegistryData(cache_dir=cache), log=lambda _: None)
     assert data.vocab_size == 4096 and data.n_train_tokens >= 40_000_000
     assert set(data.meta["per_source"]) == {s.name for s in rc.SOURCES}
+
+
+def test_the_corpus_record_is_not_written_over_a_file_no_command_wrote_and_refuses_before_fetching(tmp_path, capsys):
+    from smallinit.data import registry_record
+
+    out = tmp_path / "docs" / "registry_corpus.json"
+    out.parent.mkdir(parents=True)
+    out.write_text('{"mine": true}\n')
+    cache = tmp_path / "cache"
+    assert registry_record.main(["--cache-dir", str(cache), "--out", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {out.parent} holds files this command may not write over (registry_corpus.json: not "
+                          "written by a smallinit command)") and err.count("\n") == 1
+    assert out.read_text() == '{"mine": true}\n' and not cache.exists()  # refused before the fetch

@@ -8,7 +8,8 @@ field or column), read recursively in sorted order. Without --tokenizer a byte-l
 --vocab-size is trained on the first --tokenizer-docs documents, the same recipe the project
 uses for data=text (data/pipeline.py); with it, any `tokenizers` JSON is used as it is.
 
-OUT_DIR gets `train_000000.bin, ...` and `val_000000.bin` in llm.c's headered format (what
+OUT_DIR (new or empty; --overwrite replaces an earlier run's shards there, nothing else) gets
+`train_000000.bin, ...` and `val_000000.bin` in llm.c's headered format (what
 data/shards.py reads; the `val` in the name makes them validation), `tokenizer.json` and
 `shards.json` (counts, vocabulary, sources, and the tokenizer's sha256, so that
 `python -m smallinit.trainer.export` ships a trial of these shards with the tokenizer that made them). Every k-th document (k = 1/val_fraction, the
@@ -89,16 +90,20 @@ class ShardWriter:
 
 def make_shards(text_dir: Path, out_dir: Path, tokenizer: Path | None = None, vocab_size: int = GPU_VOCAB,
                 shard_tokens: int = 100_000_000, val_fraction: float = 0.01, tokenizer_docs: int = 200_000,
-                batch_docs: int = 1024, log=print) -> dict:
+                batch_docs: int = 1024, log=print, overwrite: bool = False) -> dict:
     files = find_files(text_dir)
     if not files:
         raise ValueError(f"{text_dir} has no {'/'.join(SUFFIXES)} files")
     if not 0 < val_fraction <= 0.5:
         raise ValueError(f"--val-fraction={val_fraction}: must be in (0, 0.5]")
+    earlier = earlier_output(out_dir, overwrite)  # before the tokenizer is trained: a refusal costs nothing
     tok = load_tokenizer(tokenizer, files, vocab_size, tokenizer_docs)
     vocab = tok.get_vocab_size()
     if vocab > MAX_VOCAB:
         raise ValueError(f"the tokenizer has {vocab} tokens: headered shards hold ids < {MAX_VOCAB}")
+    (out_dir / SHARDS_META).unlink(missing_ok=True)  # a run cut short below leaves no list: the folder is nobody's
+    for name in earlier:
+        (out_dir / name).unlink(missing_ok=True)  # the earlier shards go: a stale one never sits beside the new
     out_dir.mkdir(parents=True, exist_ok=True)
     eot = tok.token_to_id(EOT)
     every = max(2, round(1 / val_fraction))
@@ -138,6 +143,30 @@ def make_shards(text_dir: Path, out_dir: Path, tokenizer: Path | None = None, vo
     return meta
 
 
+def earlier_output(out_dir: Path, overwrite: bool) -> list[str]:
+    """The files of an earlier make_shards run in out_dir (those its shards.json lists, and it)
+    that this run replaces; [] for a new or empty folder. A folder holding any other file is
+    refused, and an earlier output without `overwrite` (ValueError, before anything is written)."""
+    present = sorted(p.relative_to(out_dir).as_posix() for p in out_dir.rglob("*") if p.is_file()) \
+        if out_dir.is_dir() else []
+    if not present:
+        return []
+    try:
+        meta = json.loads((out_dir / SHARDS_META).read_text())
+        listed = {SHARDS_META, meta["tokenizer_file"], *meta["train_shards"], *meta["val_shards"]}
+    except (OSError, ValueError, KeyError, TypeError):
+        listed = set()
+    foreign = [n for n in present if n not in listed]
+    if foreign:
+        shown = ", ".join(foreign[:4]) + (" ..." if len(foreign) > 4 else "")
+        raise ValueError(f"OUT_DIR={out_dir} holds files make_shards did not write ({shown}): give a new or empty "
+                         "folder (nothing was written)")
+    if not overwrite:
+        raise ValueError(f"OUT_DIR={out_dir} holds shards made earlier: give another folder, or --overwrite to "
+                         "replace them (nothing was written)")
+    return present
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m smallinit.data.make_shards", description=__doc__.split("\n\n")[0])
     p.add_argument("text_dir", type=Path)
@@ -147,9 +176,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--tokenizer-docs", type=int, default=200_000, help="documents the BPE is trained on")
     p.add_argument("--shard-tokens", type=int, default=100_000_000)
     p.add_argument("--val-fraction", type=float, default=0.01)
+    p.add_argument("--overwrite", action="store_true", help="replace the shards an earlier run made in OUT_DIR")
     a = p.parse_args(argv)
     try:
-        make_shards(a.text_dir, a.out_dir, a.tokenizer, a.vocab_size, a.shard_tokens, a.val_fraction, a.tokenizer_docs)
+        make_shards(a.text_dir, a.out_dir, a.tokenizer, a.vocab_size, a.shard_tokens, a.val_fraction, a.tokenizer_docs,
+                    overwrite=a.overwrite)
     except (ValueError, OSError) as e:
         sys.exit(f"error: {e}")
 

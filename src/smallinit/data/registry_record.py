@@ -12,6 +12,7 @@ import os
 import sys
 from pathlib import Path
 
+from smallinit.core import written
 from smallinit.core.errors import ConfigError
 from smallinit.core.provenance import record as provenance
 
@@ -20,9 +21,11 @@ from .pipeline import prepare
 from .registry_corpus import FETCH, MANIFEST, SOURCES, FetchError, fetch
 
 OUT = Path("docs/data/registry_corpus.json")
+BY = "python -m smallinit.data.registry_record"
 
 
-def measure(cache_dir: str, out: Path, log=print) -> dict:
+def measure(cache_dir: str, out: Path, log=print, overwrite: bool = False) -> dict:
+    written.check(out.parent, [out.name], overwrite)  # before the fetch: a refusal costs nothing
     root = fetch(cache_dir, log)
     data = prepare(RegistryData(cache_dir=cache_dir), log=log)
     manifest, meta = json.loads((root / MANIFEST).read_text()), data.meta
@@ -36,8 +39,8 @@ def measure(cache_dir: str, out: Path, log=print) -> dict:
            "prepared_bytes": sum(p.stat().st_size for p in data.dir.iterdir()),
            "sources": {s.name: {**manifest["sources"][s.name], "text": s.text, **meta["per_source"].get(s.name, {})}
                        for s in SOURCES}}
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(doc, indent=1, ensure_ascii=False) + "\n")
+    written.write_outputs(out.parent, {out.name: json.dumps(doc, indent=1, ensure_ascii=False) + "\n"}, by=BY,
+                          adopt=overwrite)
     log(f"registry: wrote {out}")
     return doc
 
@@ -47,9 +50,11 @@ def main(argv: list[str] | None = None) -> int:
                                      description=f"Measure data=registry at its defaults into {OUT}.")
     parser.add_argument("--cache-dir", default=os.environ.get("SMALLINIT_CACHE") or "~/.cache/smallinit")
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace an --out file no smallinit command wrote, or one edited since")
     args = parser.parse_args(argv)
     try:
-        measure(args.cache_dir, args.out)
+        measure(args.cache_dir, args.out, overwrite=args.overwrite)
     except (FetchError, ConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
