@@ -4,6 +4,7 @@ folder's lock held does not train it."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -80,6 +81,31 @@ def test_a_single_run_into_another_trials_or_a_damaged_folder_is_one_line(tmp_pa
     damaged = run_cli([*TINY, "init.gamma=0.5", f"hydra.run.dir={folder}"], cwd=tmp_path, env=env)
     assert damaged.returncode == 1 and "Traceback" not in damaged.stderr
     assert damaged.stderr.strip().splitlines()[-1].startswith(f"error: {folder / 'result.json'} is damaged (")
+
+
+def test_a_single_run_into_a_folder_of_a_users_files_or_another_unfinished_trial_writes_nothing(tmp_path, data_cache):
+    env = {"SMALLINIT_CACHE": str(data_cache)}
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("mine")
+    (folder / "metrics.jsonl").write_text('{"step": 0}\n')
+    proc = run_cli([*TINY, f"hydra.run.dir={folder}"], cwd=tmp_path, env=env)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines()[-1] == (f"error: hydra.run.dir={folder} holds files no trial wrote "
+                                                    "(metrics.jsonl, notes.txt): a run trains into a new or empty "
+                                                    "folder, or its own trial's (nothing was written)")
+    assert sorted(p.name for p in folder.iterdir()) == ["metrics.jsonl", "notes.txt"]
+    # Another trial began here and stopped before its first checkpoint: still its folder.
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "trial.json").write_text(json.dumps({"identity": "0123456789abcdef", "config": {}}))
+    (other / "metrics.jsonl").write_text('{"step": 0}\n')
+    before = {p.name: p.read_bytes() for p in other.iterdir()}
+    proc = run_cli([*TINY, f"hydra.run.dir={other}"], cwd=tmp_path, env=env)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines()[-1].startswith(
+        f"error: hydra.run.dir={other}: {other} holds trial 0123456789abcdef, not ")
+    assert {p.name: p.read_bytes() for p in other.iterdir()} == before  # no .hydra/, nothing unlinked
 
 
 @pytest.mark.slow  # two sweeps of one trial; `make test-full`

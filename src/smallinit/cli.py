@@ -69,10 +69,15 @@ def run(cfg: DictConfig) -> float | None:
     return result["final_val_loss"]
 
 
+# What a single run's folder holds before its trial.json (Hydra's job log, the trial's lock);
+# hidden names (Hydra's .hydra/, .gitkeep) are never a user's files either.
+BEFORE_THE_TRIAL = {"sweep.log", "trial.lock"}
+
+
 def _check_run_dir(argv: list[str], conf_dir) -> None:
-    """A single run into a folder that holds a finished trial, or another trial's checkpoint, is
-    answered before Hydra writes its .hydra/ there: refused in one line, or (its own finished
-    trial) told so, with nothing in the folder touched."""
+    """A single run into a folder that holds files no trial wrote, another trial's, or a finished
+    trial is answered before Hydra writes its .hydra/ there: refused in one line, or (its own
+    finished trial) told so, with nothing in the folder touched."""
     given = [a.split("=", 1)[1] for a in argv if a.startswith("hydra.run.dir=")]
     if not given or not Path(given[-1]).is_dir():
         return  # Hydra's own default is a new time-stamped folder
@@ -80,15 +85,27 @@ def _check_run_dir(argv: list[str], conf_dir) -> None:
 
     from smallinit.core.trial_dir import TrialDir, unusable
     from smallinit.trainer.config import trial_config_from_dict
-    from smallinit.trainer.folder_checks import folder_refusal
+    from smallinit.trainer.folder_checks import folder_refusal, not_this_trial
 
     folder = TrialDir(given[-1])
-    if not (folder.finished or folder.has_checkpoint):
+    names = sorted(n.name for n in folder.path.iterdir() if not n.name.startswith("."))
+    a_trials = folder.finished or folder.has_checkpoint or folder.trial_json.exists()
+    if not a_trials:
+        mine = [n for n in names if n not in BEFORE_THE_TRIAL]
+        if mine:
+            shown = ", ".join(mine[:5]) + (f" and {len(mine) - 5} more" if len(mine) > 5 else "")
+            sys.exit(f"error: hydra.run.dir={folder.path} holds files no trial wrote ({shown}): a run trains into a "
+                     "new or empty folder, or its own trial's (nothing was written)")
         return
     with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
         cfg = compose("config", overrides=[a for a in argv if not a.startswith("-")])
     trial = trial_config_from_dict(OmegaConf.to_container(cfg, resolve=True))
     identity = trial.identity()
+    meta = folder.read_trial(damaged_ok=True)
+    if not (folder.finished or folder.has_checkpoint) and isinstance(meta, dict) and meta.get("identity") != identity:
+        # another trial began here and stopped before its first checkpoint: its folder still
+        sys.exit(f"error: hydra.run.dir={folder.path}: "
+                 f"{not_this_trial(folder.path, 'trial', meta.get('identity'), trial, 1, identity)}")
     damage = folder.damaged_result()
     if damage:
         sys.exit(f"error: {folder.result_json} is {unusable(damage)}: move it aside to train the trial here again, "
