@@ -87,3 +87,16 @@ def sweep_protocol(folder: Path) -> dict:
         return require_record(Path(folder), PROTOCOL) or {}
     except ReportError as e:
         raise SystemExit(f"error: {e}") from None
+
+
+def committed_record(path: Path) -> dict:
+    """A committed record's JSON (a summary.json, a claims.json, a --scaling-law fit): a missing,
+    damaged or non-object one ends the command in one line naming it, not a traceback."""
+    from smallinit.experiments.data.sweep_records import read_record
+
+    path = Path(path)
+    record, why = read_record(path.parent, path.name)
+    if record is None:
+        raise SystemExit(f"error: {path} is {'missing' if why is None else f'unreadable ({why})'}: restore it "
+                         f"(git checkout -- {path}) or rebuild it with the command its README names")
+    return record

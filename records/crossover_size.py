@@ -33,7 +33,7 @@ from smallinit.experiments.fits.effective_size import non_embedding_params
 from smallinit.experiments.fits.effective_width import effective_width
 from smallinit.experiments.fits.joint_fit import sensitivity
 
-from . import OVERWRITE_HELP, sweep_protocol, sweep_table, write_record
+from . import OVERWRITE_HELP, committed_record, sweep_protocol, sweep_table, write_record
 
 LOSS = schema.FINAL_VAL_LOSS
 # What makes the widths sweep's baseline the crossover record's baseline at another width: the arm
@@ -198,7 +198,7 @@ def report(crossover: Path | None, widths: Path | None, scaling_law: Path | None
     """Markdown with bold titles, not headings, so a record page can show it verbatim."""
     parts = [] if crossover is None else crossover_parts(crossover, widths, baseline)
     if scaling_law is not None:
-        cells = scaling_law_cells(json.loads(Path(scaling_law).read_text()))
+        cells = scaling_law_cells(committed_record(Path(scaling_law)))
         rec, base = cells[cells["arm"] == "recipe"], cells[cells["arm"] == "baseline"]
         parts += ["**scaling_law's recorded cells, refitted jointly** (`python -m records.crossover_size "
                   "--scaling-law`): one L(N, D) law for both arms, shared E, α, β, each arm's A and B, over "

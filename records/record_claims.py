@@ -39,7 +39,7 @@ import pandas as pd
 
 from smallinit.core.provenance import file_sha256, record
 
-from . import OVERWRITE_HELP, write_record
+from . import OVERWRITE_HELP, committed_record, write_record
 
 EVERY_SIZE = "The small-init recipe lowers loss at every size, dense and MoE"
 EFFECTIVE = "Small init is worth a larger effective model size"
@@ -157,8 +157,8 @@ def merged(summary: dict, folder: Path) -> dict:
     path = Path(folder) / CLAIMS_FILE
     if not path.is_file():
         return summary
-    doc = json.loads(path.read_text())
-    if doc["summary_sha256"] != file_sha256(Path(folder) / "summary.json"):
+    doc = committed_record(path)
+    if doc.get("summary_sha256") != file_sha256(Path(folder) / "summary.json"):
         raise SystemExit(f"error: {path} judges another summary.json than the one beside it: rerun its command "
                          f"({doc['command']})")
     judged = {c["claim"]: c for c in doc["claims"]}
@@ -201,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if (a.crossover is None) != (a.widths is None):
         ap.error("--crossover and --widths go together (the recipe at d = 128 read off the baseline's widths)")
-    summary = json.loads(a.summary.read_text())
+    summary = committed_record(a.summary)
     readings, note = widths_readings(a.crossover, a.widths) if a.crossover else (None, "")
     claims = judge(summary, readings, note)
     command = " ".join(["python -m records.record_claims", *(argv if argv is not None else sys.argv[1:])])

@@ -28,7 +28,7 @@ from smallinit.experiments.output.md_table import fmt as _fmt
 from smallinit.experiments.output.md_table import table as _table
 from smallinit.experiments.stats.valnoise import record_sentence
 
-from . import OVERWRITE_HELP, refusals, write_record
+from . import OVERWRITE_HELP, committed_record, refusals, write_record
 from .record_claims import merged
 from .results_budgets import budgets_lines, token_crossover_lines
 
@@ -330,7 +330,7 @@ def render(docs: Path) -> str:
         if not path.exists():
             rows.append([name, "not run", "–", "–", "–"])
             continue
-        s = merged(json.loads(path.read_text()), path.parent)
+        s = merged(committed_record(path), path.parent)
         sections.append(section(name, s, *record_texts(path.parent), retired=retired.get(name)))
         shown = [c for c in s["claims"] if c["verdict"] not in ("not enough data", "not run") and not is_check(c)]
         verdicts = "; ".join(f"{c['claim']}: **{c['verdict']}**" for c in shown) or "nothing decided"
@@ -358,6 +358,10 @@ def collect(reports: Path, docs: Path, overwrite: bool = False) -> list[str]:
         if not (src / "summary.json").exists():
             continue
         dst = docs / "results" / name
+        edited = written.blocked(src, ["summary.json"])  # the report's own copy, as `make report` wrote it
+        if edited and not overwrite:
+            raise SystemExit(f"error: {src / 'summary.json'} was {edited['summary.json']}: rebuild the report "
+                             "(make report), or --overwrite to record it as it is (nothing was written)")
         files = {"summary.json": (src / "summary.json").read_bytes()}
         for table in src.glob("results-*.csv"):  # the tables the summary names by sha256
             files[table.name] = table.read_bytes()

@@ -291,3 +291,11 @@ def test_the_pool_baseline_runs_at_the_niceness_ray_gives_its_workers():
     ctx = multiprocessing.get_context("spawn")
     with cf.ProcessPoolExecutor(max_workers=1, mp_context=ctx, initializer=_pool_init) as pool:
         assert pool.submit(os.nice, 0).result() == max(RAY_WORKER_NICENESS, os.nice(0))
+
+
+def test_bench_doc_names_the_file_that_is_damaged(tmp_path, capsys):
+    bad = tmp_path / "results.json"
+    bad.write_text('{"benchmarks": ')
+    assert bench_doc.main(["--check", "--results", str(bad)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {bad}: ") and err.count("\n") == 1

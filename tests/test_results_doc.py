@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
+import re
 
 import pytest
 from PIL import Image
@@ -69,7 +69,8 @@ def test_the_figures_the_page_shows_are_committed_and_small(experiment):
 def test_collect_copies_the_summary_and_shrinks_figures(tmp_path):
     src = tmp_path / "reports" / "moe"
     src.mkdir(parents=True)
-    shutil.copyfile(DOCS / "results" / "moe" / "summary.json", src / "summary.json")
+    summary = (DOCS / "results" / "moe" / "summary.json").read_bytes()
+    written.write_outputs(src, {"summary.json": summary}, by="smallinit.experiments.report")  # as the report writes it
     Image.new("RGB", (2400, 1200), "white").save(src / "loss_vs_lr.png")
     (src / "results-moe.csv").write_text("identity,final_val_loss\nabc,4.5\n")
     out = tmp_path / "docs" / "results" / "moe"
@@ -179,3 +180,26 @@ def test_collect_from_a_folder_that_does_not_exist_is_a_one_line_error(tmp_path,
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "--reports=" in err and "no such folder" in err
     assert not (tmp_path / "results.md").exists()  # nothing written
+
+
+def test_collect_refuses_a_reports_summary_edited_since_the_report_wrote_it(tmp_path):
+    src = tmp_path / "reports" / "moe"
+    summary = (DOCS / "results" / "moe" / "summary.json").read_text()
+    written.write_outputs(src, {"summary.json": summary}, by="smallinit.experiments.report")
+    (src / "summary.json").write_text(summary.replace('"supported"', '"contradicted"', 1))
+    with pytest.raises(SystemExit, match=r"summary.json was changed since smallinit.experiments.report wrote it: "
+                                         r"rebuild the report \(make report\), or --overwrite"):
+        results_doc.collect(tmp_path / "reports", tmp_path / "docs")
+    assert not (tmp_path / "docs" / "results" / "moe").exists()  # nothing written
+
+
+def test_a_damaged_committed_summary_is_one_line_naming_it(tmp_path, monkeypatch):
+    from records import committed_record
+
+    path = tmp_path / "summary.json"
+    path.write_text('{"claims": [')
+    with pytest.raises(SystemExit, match=rf"^error: {re.escape(str(path))} is unreadable \(.*\): restore it "):
+        committed_record(path)
+    with pytest.raises(SystemExit, match="is missing: restore it"):
+        committed_record(tmp_path / "none.json")
+

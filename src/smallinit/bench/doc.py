@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from smallinit.core.errors import first_line
 from smallinit.core.files import atomic_write
 
 from .base.common import REPO
@@ -124,11 +125,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--results", type=Path, default=RESULTS)
     p.add_argument("--doc", type=Path, default=DOC)
     a = p.parse_args(argv)
-    try:
+    reading = a.results
+    try:  # each file read on its own, so the error names the one that failed
+        results = json.loads(a.results.read_text())
+        reading = AMX_RESULTS
         amx = json.loads(AMX_RESULTS.read_text()) if AMX_RESULTS.exists() else None
-        text = render(a.doc.read_text(), json.loads(a.results.read_text()), amx)
+        reading = a.doc
+        text = render(a.doc.read_text(), results, amx)
     except (OSError, ValueError) as e:
-        print(f"error: {a.doc}: {e}", file=sys.stderr)
+        print(f"error: {reading}: {first_line(e)}", file=sys.stderr)
         return 1
     if a.check:
         if a.doc.read_text() != text:
