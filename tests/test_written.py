@@ -72,3 +72,28 @@ def test_the_report_refuses_a_folder_holding_a_users_file(tiny_sweep, tmp_path):
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert "notes.md: not written by a smallinit command" in proc.stderr
     assert sorted(p.name for p in out.iterdir()) == ["notes.md"]
+
+
+def test_the_results_table_is_never_written_over_once_a_user_edited_it(tmp_path, capsys):
+    """A results.csv annotated in a spreadsheet is set aside and named as the sweep next writes
+    its table; a table the sweep wrote (or one from before the list) is simply replaced."""
+    import pandas as pd
+
+    from smallinit.sweeper.results.results import write_table
+
+    legacy = tmp_path / "results.csv"
+    legacy.write_text("identity\nold\n")  # a table from before .written.json: the sweep's own
+    write_table(tmp_path, pd.DataFrame({"identity": ["a"], "final_val_loss": [4.5]}))
+    assert capsys.readouterr().out == "" and pd.read_csv(legacy)["identity"].tolist() == ["a"]
+    write_table(tmp_path, pd.DataFrame({"identity": ["a", "b"], "final_val_loss": [4.5, 4.25]}))
+    assert capsys.readouterr().out == "" and sorted(p.name for p in tmp_path.iterdir()) == \
+        [".written.json", "results.csv", "results.parquet"]
+    legacy.write_text(legacy.read_text() + "# b looks odd: check its data\n")
+    write_table(tmp_path, pd.DataFrame({"identity": ["a", "b", "c"], "final_val_loss": [4.5, 4.25, 4.0]}))
+    aside = [p for p in tmp_path.iterdir() if p.name.startswith("results.csv.edited-")]
+    assert len(aside) == 1 and aside[0].read_text().endswith("# b looks odd: check its data\n")
+    out = capsys.readouterr().out
+    assert out == (f"{legacy} was changed since the sweep (results table) wrote it: kept as {aside[0].name}; "
+                   "the sweep writes its table anew\n")
+    assert pd.read_csv(legacy)["identity"].tolist() == ["a", "b", "c"]
+    assert pd.read_parquet(tmp_path / "results.parquet")["identity"].tolist() == ["a", "b", "c"]

@@ -8,6 +8,7 @@ atomically. Its columns are core.results_schema, documented in docs/sweeps.md ("
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import time
@@ -20,7 +21,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from smallinit.core import results_schema as schema
-from smallinit.core.files import atomic_write
+from smallinit.core import written
 from smallinit.core.trial_dir import DamagedFile, TrialDir, unusable
 from smallinit.sweeper.config import protocol
 
@@ -273,12 +274,27 @@ def _fill_roles(rows: list[dict[str, Any]], sweep_dir: Path) -> None:
             row[schema.ROLE] = protocol.role_of(row.get(seed_column), record)
 
 
+TABLE_WRITER = "the sweep (results table)"  # how the folder's .written.json names the tables' writer
+
+
 def write_table(sweep_dir: Path, df: pd.DataFrame) -> Path:
-    """results.parquet, then its CSV twin results.csv (the same rows and columns), each atomically."""
-    path = schema.results_path(sweep_dir)
-    atomic_write(path, lambda f: df.to_parquet(f, index=False))
-    atomic_write(schema.csv_path(sweep_dir), lambda f: df.to_csv(f, index=False))
-    return path
+    """results.parquet, then its CSV twin results.csv (the same rows and columns), each atomically
+    and listed with its sha256 in the folder's .written.json (core/written.py). A table edited
+    since the sweep wrote it (a results.csv annotated in a spreadsheet) is not written over: it is
+    set aside beside itself as <name>.edited-<time>, said in one line, and a new one written. A
+    table from before the list is the sweep's own and is replaced as before."""
+    sweep_dir = Path(sweep_dir)
+    parquet, csv = io.BytesIO(), io.StringIO()
+    df.to_parquet(parquet, index=False)
+    df.to_csv(csv, index=False)
+    tables = {schema.results_path(sweep_dir).name: parquet.getvalue(), schema.csv_path(sweep_dir).name: csv.getvalue()}
+    for name, why in written.blocked(sweep_dir, list(tables)).items():
+        if why.startswith("changed since"):
+            aside = sweep_dir / f"{name}.edited-{time.strftime('%Y%m%d-%H%M%S')}"
+            (sweep_dir / name).rename(aside)
+            print(f"{sweep_dir / name} was {why}: kept as {aside.name}; the sweep writes its table anew")
+    written.write_outputs(sweep_dir, tables, by=TABLE_WRITER, adopt=True)
+    return schema.results_path(sweep_dir)
 
 
 def refresh_table(sweep_dir: Path, study: Study) -> pd.DataFrame:
