@@ -225,3 +225,28 @@ def test_per_budget_without_budgets_is_refused_before_anything_is_written(tmp_pa
     proc = sweep(tmp_path, data_cache, *args)
     assert proc.returncode != 0 and "per_budget=true is invalid here" in proc.stderr
     assert not (tmp_path / "sweeps" / "pb").exists()
+
+
+def test_a_budgets_choice_reads_only_a_whole_branch_file_of_this_trial_and_budget(tmp_path):
+    """Stage 1 chooses each budget's lr from its branch files: one with no finite loss, another
+    budget's, or another trial's gives that budget no value from this run, rather than a wrong one."""
+    from types import SimpleNamespace
+
+    from smallinit.core.trial_dir import RESULT_KEYS, TrialDir
+    from smallinit.sweeper.driver import _branch_losses
+
+    folder = TrialDir(tmp_path)
+    budgets = [1024, 2048, 4096, 8192, 16384]
+    spec = SimpleNamespace(out_dir=tmp_path, identity="abc", trial=SimpleNamespace(train=SimpleNamespace(
+        budgets_trained=budgets)))
+
+    def branch(tokens, **changes):
+        folder.write_budget_result(tokens, dict.fromkeys(RESULT_KEYS, 0.0) | {
+            "identity": "abc", "steps": 1, "tokens": tokens, "n_params": 1, "final_val_loss": 5.0,
+            "budget_tokens": tokens} | changes)
+
+    branch(1024)
+    branch(2048, final_val_loss=float("inf"))
+    branch(4096, budget_tokens=8192)
+    branch(8192, identity="other")
+    assert _branch_losses(spec) == {1024: 5.0, 2048: None, 4096: None, 8192: None, 16384: None}

@@ -299,9 +299,9 @@ def _branch_losses(spec: TrialSpec) -> dict[int, float | None]:
     folder = TrialDir(spec.out_dir)
     out: dict[int, float | None] = {}
     for tokens in spec.trial.train.budgets_trained:
-        result = folder.read_budget_result(tokens, damaged_ok=True)
-        ok = isinstance(result, dict) and result.get("identity") == spec.identity
-        out[tokens] = result.get("final_val_loss") if ok else None
+        # the one check of a budget's file (its schema, a finite loss, this trial's, this budget's)
+        whole = folder.budget_json(tokens).exists() and folder.damaged_budget(tokens, spec.identity) is None
+        out[tokens] = folder.read_budget_result(tokens)["final_val_loss"] if whole else None
     return out
 
 
