@@ -83,6 +83,21 @@ def test_a_single_run_into_another_trials_or_a_damaged_folder_is_one_line(tmp_pa
     assert damaged.stderr.strip().splitlines()[-1].startswith(f"error: {folder / 'result.json'} is damaged (")
 
 
+def test_a_refused_single_run_leaves_no_folder_behind(tmp_path, data_cache):
+    """The config, the allocator switch and the corpus against the budget are checked before Hydra
+    makes the run's folder: a refusal is one line and writes nothing (no runs/<name>/<time>/)."""
+    env = {"SMALLINIT_CACHE": str(data_cache)}
+    proc = run_cli([*TINY, "init.gamma=-1"], cwd=tmp_path, env=env)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: init.gamma=-1")
+    a_file = tmp_path / "a-file"
+    a_file.write_text("mine")
+    proc = run_cli([*TINY, f"hydra.run.dir={a_file}"], cwd=tmp_path, env=env)
+    assert proc.returncode == 1 and proc.stderr.strip().splitlines()[-1] == \
+        f"error: hydra.run.dir={a_file} is invalid: it is a file, not a folder (nothing was written)"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"] and a_file.read_text() == "mine"
+
+
 def test_a_single_run_into_a_folder_of_a_users_files_or_another_unfinished_trial_writes_nothing(tmp_path, data_cache):
     env = {"SMALLINIT_CACHE": str(data_cache)}
     folder = tmp_path / "mine"

@@ -74,32 +74,42 @@ def run(cfg: DictConfig) -> float | None:
 BEFORE_THE_TRIAL = {"sweep.log", "trial.lock"}
 
 
-def _check_run_dir(argv: list[str], conf_dir) -> None:
-    """A single run into a folder that holds files no trial wrote, another trial's, or a finished
-    trial is answered before Hydra writes its .hydra/ there: refused in one line, or (its own
-    finished trial) told so, with nothing in the folder touched."""
-    given = [a.split("=", 1)[1] for a in argv if a.startswith("hydra.run.dir=")]
-    if not given or not Path(given[-1]).is_dir():
-        return  # Hydra's own default is a new time-stamped folder
-    from hydra import compose, initialize_config_dir
-
-    from smallinit.core.trial_dir import TrialDir, unusable
+def _single_run_trial(cfg: DictConfig):
+    """The trial a single run trains, checked as run() checks it (its config, the allocator
+    switch, the corpus against the budget) before Hydra makes the run's folder: a refusal leaves
+    nothing behind. ConfigError with one line otherwise."""
     from smallinit.trainer.config import trial_config_from_dict
+    from smallinit.trainer.data_check import check_trials
+    from smallinit.trainer.machine.host_memory import check_switch
+
+    trial = trial_config_from_dict(OmegaConf.to_container(cfg, resolve=True))
+    check_switch()
+    check_trials([trial])
+    return trial
+
+
+def _check_run_dir(argv: list[str], trial) -> None:
+    """A single run into a path that is not a folder, a folder that holds files no trial wrote,
+    another trial's, or a finished trial is answered before Hydra writes its .hydra/ there:
+    refused in one line, or (its own finished trial) told so, with nothing in the folder touched."""
+    from smallinit.core.errors import ConfigError
+    from smallinit.core.trial_dir import TrialDir, unusable
     from smallinit.trainer.folder_checks import folder_refusal, not_this_trial
 
+    given = [a.split("=", 1)[1] for a in argv if a.startswith("hydra.run.dir=")]
+    if given and Path(given[-1]).exists() and not Path(given[-1]).is_dir():
+        raise ConfigError(f"hydra.run.dir={given[-1]} is invalid: it is a file, not a folder (nothing was written)")
+    if not given or not Path(given[-1]).is_dir():
+        return  # Hydra's own default is a new time-stamped folder
     folder = TrialDir(given[-1])
     names = sorted(n.name for n in folder.path.iterdir() if not n.name.startswith("."))
-    a_trials = folder.finished or folder.has_checkpoint or folder.trial_json.exists()
-    if not a_trials:
+    if not (folder.finished or folder.has_checkpoint or folder.trial_json.exists()):
         mine = [n for n in names if n not in BEFORE_THE_TRIAL]
         if mine:
             shown = ", ".join(mine[:5]) + (f" and {len(mine) - 5} more" if len(mine) > 5 else "")
             sys.exit(f"error: hydra.run.dir={folder.path} holds files no trial wrote ({shown}): a run trains into a "
                      "new or empty folder, or its own trial's (nothing was written)")
         return
-    with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
-        cfg = compose("config", overrides=[a for a in argv if not a.startswith("-")])
-    trial = trial_config_from_dict(OmegaConf.to_container(cfg, resolve=True))
     identity = trial.identity()
     meta = folder.read_trial(damaged_ok=True)
     if not (folder.finished or folder.has_checkpoint) and isinstance(meta, dict) and meta.get("identity") != identity:
@@ -124,9 +134,9 @@ def main() -> None:
 
     conf = CONF_DIR
     try:
-        precheck([a for a in sys.argv[1:] if a != "--show"], conf, show="--show" in sys.argv[1:])
-        if not {"-m", "--multirun", "--show"} & set(sys.argv[1:]):
-            _check_run_dir(sys.argv[1:], conf)
+        cfg = precheck([a for a in sys.argv[1:] if a != "--show"], conf, show="--show" in sys.argv[1:])
+        if cfg is not None and not {"-m", "--multirun", "--show"} & set(sys.argv[1:]):
+            _check_run_dir(sys.argv[1:], _single_run_trial(cfg))
         if "--show" in sys.argv[1:]:
             from smallinit.sweeper.results.show import show
 

@@ -19,6 +19,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import IntervalSweep
 from hydra.errors import HydraException, MissingConfigException, OverrideParseException
+from omegaconf import DictConfig
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
 
 from smallinit.core.errors import ConfigError, first_line, require
@@ -119,11 +120,13 @@ def _sweep_needs_m(argv: list[str], lines: list[str], parser: OverridesParser, s
             raise ConfigError(f"{line} is a sweep: run it with -m, e.g. {command}")
 
 
-def precheck(argv: list[str], conf_dir: Path, config_name: str = "config", show: bool = False) -> None:
+def precheck(argv: list[str], conf_dir: Path, config_name: str = "config", show: bool = False) -> DictConfig | None:
     """Raise ConfigError with one line if Hydra would reject these command-line overrides
-    (argv without --show; show: it was given, for the command a sweep without -m is told)."""
+    (argv without --show; show: it was given, for the command a sweep without -m is told).
+    Returns the config composed (a sweep's first values standing in), None where Hydra's own
+    flags leave the command to Hydra."""
     if any(a.split("=", 1)[0] in _HYDRA_FLAGS for a in argv):
-        return
+        return None
     lines = [a for a in argv if not a.startswith("-")]
     _refuse_new_keys(lines, conf_dir)
     parser = OverridesParser.create()
@@ -135,3 +138,4 @@ def precheck(argv: list[str], conf_dir: Path, config_name: str = "config", show:
         raise ConfigError(hydra_error(e, lines)) from None
     check_name(cfg.get("name"))
     _sweep_needs_m(argv, lines, parser, show)
+    return cfg
