@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import io
-import json
 import math
 import sys
 from pathlib import Path
@@ -308,7 +307,7 @@ def _pct(x) -> str:
 def unstamped(docs: Path) -> dict[str, str]:
     """Experiment name -> why its record has no provenance, for the records listed without one."""
     path = docs / "records_without_provenance.json"
-    listed = json.loads(path.read_text())["records"] if path.is_file() else {}
+    listed = committed_record(path).get("records", {}) if path.exists() else {}
     return {Path(k).parent.name: v["reason"] for k, v in listed.items() if k.startswith("docs/results/")}
 
 
@@ -358,10 +357,15 @@ def collect(reports: Path, docs: Path, overwrite: bool = False) -> list[str]:
         if not (src / "summary.json").exists():
             continue
         dst = docs / "results" / name
-        edited = written.blocked(src, ["summary.json"])  # the report's own copy, as `make report` wrote it
+        # The report's own files, as `make report` wrote them: an edit since (a table the summary
+        # quotes by sha256, a figure) would be recorded as the report's.
+        copied = ["summary.json", *(t.name for t in src.glob("results-*.csv")),
+                  *(f"{fig}.png" for fig in FIGURES[name] if (src / f"{fig}.png").exists())]
+        edited = written.blocked(src, copied)
         if edited and not overwrite:
-            raise SystemExit(f"error: {src / 'summary.json'} was {edited['summary.json']}: rebuild the report "
-                             "(make report), or --overwrite to record it as it is (nothing was written)")
+            first = sorted(edited)[0]
+            raise SystemExit(f"error: {src / first} was {edited[first]}: rebuild the report (make report), or "
+                             "--overwrite to record it as it is (nothing was written)")
         files = {"summary.json": (src / "summary.json").read_bytes()}
         for table in src.glob("results-*.csv"):  # the tables the summary names by sha256
             files[table.name] = table.read_bytes()
@@ -394,6 +398,10 @@ def main(argv: list[str] | None = None) -> int:
     if not a.check:  # results.md too is checked before anything is written, collect's files included
         with refusals():
             written.check(a.docs, ["results.md"], a.overwrite)
+    if not a.docs.is_dir():  # a mistyped folder would get a results.md of nine records "not run"
+        print(f"error: --docs={str(a.docs)!r} is invalid: no such folder (it holds results/<experiment>/summary.json)",
+              file=sys.stderr)
+        return 2
     if a.collect:
         if not a.reports.is_dir():  # a mistyped folder would otherwise collect nothing and say so quietly
             print(f"error: --reports={str(a.reports)!r} is invalid: no such folder (it holds <experiment>/summary.json "

@@ -299,3 +299,19 @@ def test_bench_doc_names_the_file_that_is_damaged(tmp_path, capsys):
     assert bench_doc.main(["--check", "--results", str(bad)]) == 1
     err = capsys.readouterr().err
     assert err.startswith(f"error: {bad}: ") and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--repeats", "0"], "argument --repeats: '0' is invalid: a whole number of at least 1"),
+    (["--threads", "-2"], "argument --threads: '-2' is invalid: a whole number of at least 1"),
+    (["--out", "{file}"], "--out={file} is invalid: it is a file; give a folder (nothing was measured)"),
+])
+def test_bench_refuses_bad_arguments_before_measuring(tmp_path, capsys, args, says):
+    from smallinit.bench.__main__ import parse
+
+    a_file = tmp_path / "results"
+    a_file.write_text("mine")
+    with pytest.raises(SystemExit) as e:
+        parse(["--tiny", *[a.format(file=a_file) for a in args]])
+    assert e.value.code == 2 and says.format(file=a_file) in capsys.readouterr().err
+    assert a_file.read_text() == "mine"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import re
@@ -71,8 +72,10 @@ def test_collect_copies_the_summary_and_shrinks_figures(tmp_path):
     src.mkdir(parents=True)
     summary = (DOCS / "results" / "moe" / "summary.json").read_bytes()
     written.write_outputs(src, {"summary.json": summary}, by="smallinit.experiments.report")  # as the report writes it
-    Image.new("RGB", (2400, 1200), "white").save(src / "loss_vs_lr.png")
-    (src / "results-moe.csv").write_text("identity,final_val_loss\nabc,4.5\n")
+    png = io.BytesIO()
+    Image.new("RGB", (2400, 1200), "white").save(png, format="png")
+    written.write_outputs(src, {"loss_vs_lr.png": png.getvalue(), "results-moe.csv": "identity,final_val_loss\nabc,4.5\n"},
+                          by="smallinit.experiments.report")
     out = tmp_path / "docs" / "results" / "moe"
     out.mkdir(parents=True)
     # A table an earlier collect wrote goes; one nobody of ours wrote is refused, nothing written.
@@ -190,6 +193,12 @@ def test_collect_refuses_a_reports_summary_edited_since_the_report_wrote_it(tmp_
     with pytest.raises(SystemExit, match=r"summary.json was changed since smallinit.experiments.report wrote it: "
                                          r"rebuild the report \(make report\), or --overwrite"):
         results_doc.collect(tmp_path / "reports", tmp_path / "docs")
+    # The tables the summary quotes by sha256 are the report's too.
+    written.write_outputs(src, {"summary.json": summary, "results-moe.csv": "identity\nabc\n"}, by="smallinit.experiments.report",
+                          adopt=True)
+    (src / "results-moe.csv").write_text("identity\nabc\nedited\n")
+    with pytest.raises(SystemExit, match=r"results-moe.csv was changed since smallinit.experiments.report wrote it"):
+        results_doc.collect(tmp_path / "reports", tmp_path / "docs")
     assert not (tmp_path / "docs" / "results" / "moe").exists()  # nothing written
 
 
@@ -202,4 +211,9 @@ def test_a_damaged_committed_summary_is_one_line_naming_it(tmp_path, monkeypatch
         committed_record(path)
     with pytest.raises(SystemExit, match="is missing: restore it"):
         committed_record(tmp_path / "none.json")
+
+
+def test_a_mistyped_docs_folder_is_refused_before_anything_is_written(tmp_path, capsys):
+    assert results_doc.main(["--docs", str(tmp_path / "typo")]) == 2
+    assert "--docs=" in capsys.readouterr().err and not (tmp_path / "typo").exists()
 

@@ -26,13 +26,20 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 RECORD = Path(__file__).resolve().parents[3] / "bench"  # the record stays in the repository's bench/
 
 
+def _positive(text: str) -> int:
+    value = int(text) if text.strip().lstrip("+").isdigit() else 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is invalid: a whole number of at least 1")
+    return value
+
+
 def parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m smallinit.bench", description=__doc__)
     p.add_argument("--tiny", action="store_true", help="nano model, few steps, 1 repeat, small sweeps (CI)")
     p.add_argument("--only", default="", help=f"comma-separated subset of {','.join(BENCHMARKS)}")
     p.add_argument("--out", type=Path, default=RECORD, help="folder for results.json/.md (default: the record, bench/)")
-    p.add_argument("--repeats", type=int, help="repeats of trainer_vs_bare/probe_overhead (default 3; tiny 1)")
-    p.add_argument("--threads", type=int, help="torch threads of every measured run (default 1)")
+    p.add_argument("--repeats", type=_positive, help="repeats of trainer_vs_bare/probe_overhead (default 3; tiny 1)")
+    p.add_argument("--threads", type=_positive, help="torch threads of every measured run (default 1)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace results.json/.md in --out where no smallinit command wrote them, or they were edited")
     args = p.parse_args(argv)
@@ -44,6 +51,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     if partial and args.out.resolve() == RECORD:
         p.error(f"{partial[0]} is invalid without --out DIR: bench/results.json holds one whole `make bench` "
                 "run, so a part or a tiny run goes to a folder of its own")
+    if args.out.exists() and not args.out.is_dir():
+        p.error(f"--out={args.out} is invalid: it is a file; give a folder (nothing was measured)")
     try:  # before the first benchmark: a refusal after an hour of measuring would waste it
         written.check(args.out, list(OUTPUTS), args.overwrite)
     except ConfigError as e:
