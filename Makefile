@@ -63,13 +63,14 @@ test: install ## Run the tests (not marked slow)
 
 # Both tiers write one scratch record that replaces the committed one only when both are done:
 # the second tier's tests read the committed record (the README quotes it) and the tree stays clean.
-test-times: install ## Time the unit tier and make test into docs/records/test_times.json (the README quotes it)
+test-times: install ## Time the unit tier and make test into docs/records/test_times.json (the README quotes it; OVERWRITE=1 replaces an edited one)
 	rm -f .test_times.json
 	SMALLINIT_TEST_RECORD=.test_times.json SMALLINIT_TEST_TIER=unit \
 	  $(PY) -m pytest -q -m "not slow and not integration" -p no:cacheprovider $(ARGS)
 	SMALLINIT_TEST_RECORD=.test_times.json SMALLINIT_TEST_TIER=test \
 	  $(PY) -m pytest -q -m "not slow" -p no:cacheprovider $(ARGS)
-	mkdir -p docs/records && mv .test_times.json docs/records/test_times.json
+	$(PY) -c 'import os, pathlib; from records import write_record; write_record(pathlib.Path("docs/records/test_times.json"), pathlib.Path(".test_times.json").read_text(), "make test-times", overwrite=bool(os.environ.get("OVERWRITE")))'
+	rm -f .test_times.json
 
 test-slow: install ## Run only the tests marked slow (CI runs them after `make test`)
 	$(PY) -m pytest -m slow --durations=30 $(ARGS)
