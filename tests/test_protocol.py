@@ -249,3 +249,4 @@ def test_no_comparison_is_not_run_and_the_sign_is_the_comparisons_own():
     assert settled(trend, final=+0.2)[0] is False  # the curve disagrees with the comparison's own sign
     # A last evaluation only some pairs logged does not end training.
     assert settled([*trend, {"step": 110, "n": 1, "diff": +0.5}], final=-0.1)[0] is True
+

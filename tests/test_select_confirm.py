@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -203,3 +204,28 @@ def test_show_prints_both_stages_and_a_plain_grid_shows_too(tmp_path, data_cache
     assert proc.stdout.count("seed=100") == 4 and not (tmp_path / "sweeps").exists()
     plain = run_cli(["--show", "-m", "model=nano", "init.gamma=0.5,1.0"], cwd=tmp_path, env=env)
     assert plain.returncode == 0 and "init.gamma=1.0" in plain.stdout, plain.stderr[-2000:]
+
+
+@pytest.mark.parametrize("content, says", [
+    ("[]", "holds a list, not the protocol's record"),
+    ('{"choices": [{"chosen": {"optim.lr": 0.001}}]}', "'choices' is not a list of choices, each with its 'setting'"),
+    ('{"choices": {}}', "'choices' is not a list of choices"),
+])
+def test_an_edited_protocol_record_is_one_line_before_any_trial(tmp_path, content, says):
+    from smallinit.sweeper.driver import _read_record
+
+    (tmp_path / "protocol.json").write_text(content)
+    with pytest.raises(ConfigError, match=rf"protocol.json is unreadable \({re.escape(says)}"):
+        _read_record(tmp_path)
+
+
+@pytest.mark.parametrize("content, says", [
+    ('{"fixed": {"model": 5}}', "a 'fixed' value is not an override string"),
+    ('{"fixed": {}, "swept": "init.gamma"}', "'swept' is not a list of keys"),
+])
+def test_an_edited_fixed_overrides_record_is_one_line(tmp_path, content, says):
+    from smallinit.sweeper.config.fixed_overrides import _read_record
+
+    (tmp_path / "fixed_overrides.json").write_text(content)
+    with pytest.raises(ConfigError, match=rf"fixed_overrides.json is unreadable \({re.escape(says)}"):
+        _read_record(tmp_path / "fixed_overrides.json")

@@ -258,8 +258,17 @@ def _read_record(sweep_dir: Path) -> dict[str, Any] | None:
     if not path.exists():
         return None
     try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
+        record = json.loads(path.read_text())
+        # The shape protocol.record writes, checked before any trial: an edit that breaks it would
+        # otherwise surface as a traceback after all of stage 1.
+        if not isinstance(record, dict):
+            raise ValueError(f"holds a {type(record).__name__}, not the protocol's record")
+        choices = record.get("choices", [])
+        if not isinstance(choices, list) or not all(isinstance(c, dict) and isinstance(c.get("setting"), dict)
+                                                    for c in choices):
+            raise ValueError("'choices' is not a list of choices, each with its 'setting'")
+        return record
+    except (OSError, ValueError) as e:
         raise ConfigError(f"{path} is unreadable ({first_line(e)}): move it aside and rerun; the choices are "
                           "made again from the study, and nothing finished trains again") from None
 

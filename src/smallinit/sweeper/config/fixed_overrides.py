@@ -100,6 +100,12 @@ def _read_record(path: Path) -> dict | None:
         record = json.loads(path.read_text())
         if not isinstance(record, dict) or not isinstance(record.get("fixed", {}), dict):
             raise ValueError(f"holds a {type(record).__name__} without a 'fixed' mapping")
+        # The shape this module writes: each fixed key's override as typed (str), the swept keys (str).
+        if not all(isinstance(v, str) for v in record.get("fixed", {}).values()):
+            raise ValueError("a 'fixed' value is not an override string (key=value)")
+        swept = record.get("swept", [])
+        if not isinstance(swept, list) or not all(isinstance(k, str) for k in swept):
+            raise ValueError("'swept' is not a list of keys")
         return record
     except (OSError, ValueError) as e:
         raise ConfigError(f"{path} is unreadable ({str(e).splitlines()[0]}): restore it, or move it aside if this "
