@@ -128,5 +128,36 @@ def test_an_earlier_runs_record_is_refused_before_any_unit_unless_overwrite(tmp_
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "gpu_check.json").write_text('{"units": {"kept": 1}}\n')
     assert main(["--data", str(data), "--out", str(tmp_path / "out"), "--device", "cpu", "--tiny"]) == 2
-    assert "gpu_check.json: not written by a smallinit command" in capsys.readouterr().err
+    assert "holds gpu_check.json from an earlier run: give another --out, or --overwrite" in capsys.readouterr().err
     assert (tmp_path / "out" / "gpu_check.json").read_text() == '{"units": {"kept": 1}}\n'
+
+
+@pytest.mark.parametrize("damage, says", [
+    ("zero-byte val.bin", "no val.bin of uint16 token ids there"),
+    ("--device cud", "--device=cud is invalid: "),
+    ("--out a file", "is invalid: it is a file; give a folder"),
+    ("our own earlier record", "holds gpu_check.json from an earlier run"),
+])
+def test_gpu_check_refuses_what_a_unit_would_trip_on_in_one_line_before_writing(tmp_path, capsys, damage, says):
+    from smallinit.bench.gpu.gpu_check import main
+    from smallinit.core import written
+
+    data, out = tmp_path / "data", tmp_path / "out"
+    data.mkdir()
+    for name in ("train.bin", "val.bin"):
+        (data / name).write_bytes(b"\0\0" * 64)
+    args = ["--data", str(data), "--out", str(out), "--device", "cpu", "--tiny"]
+    if damage == "zero-byte val.bin":
+        (data / "val.bin").write_bytes(b"")
+    elif damage == "--device cud":
+        args[5] = "cud"
+    elif damage == "--out a file":
+        out.write_text("mine")
+    else:  # a record this tool wrote, unchanged: still the lent machine's only copy
+        written.write_outputs(out, {"gpu_check.json": '{"units": {}}\n'}, by="smallinit.bench.gpu.gpu_check")
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert says in err and err.count("\n") == 1
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before
+

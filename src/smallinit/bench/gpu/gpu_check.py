@@ -43,7 +43,7 @@ import numpy as np
 import torch
 
 from smallinit.core import written
-from smallinit.core.errors import ConfigError
+from smallinit.core.errors import ConfigError, first_line
 from smallinit.core.trial_dir import TrialDir
 
 from .gpu_bench import gpu_train_preset
@@ -297,6 +297,29 @@ def machine(device: torch.device) -> dict:
     return out
 
 
+def _refused(a) -> str | None:
+    """Why these arguments cannot run, in one line; None when they can."""
+    for f in ("train.bin", "val.bin"):
+        if not (a.data / f).is_file() or (a.data / f).stat().st_size < 2:
+            return f"--data {a.data}: no {f} of uint16 token ids there (see `python -m smallinit.bench.gpu.gpu_check --help`)"
+    try:
+        torch.device(a.device)
+    except RuntimeError as e:
+        return f"--device={a.device} is invalid: {first_line(e)}"
+    if a.out.exists() and not a.out.is_dir():
+        return f"--out={a.out} is invalid: it is a file; give a folder"
+    # An earlier run's record is never written over unasked, even one of ours: a lent GPU's
+    # minutes made it, and the next lent machine may never come.
+    if (a.out / "gpu_check.json").exists() and not a.overwrite:
+        return (f"--out={a.out} holds gpu_check.json from an earlier run: give another --out, or --overwrite to "
+                "replace it (nothing was written)")
+    try:
+        written.check(a.out, ["gpu_check.json"], adopt=a.overwrite)
+    except ConfigError as e:
+        return str(e)
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m smallinit.bench.gpu.gpu_check", description=__doc__.split("\n")[0])
     p.add_argument("--data", type=Path, required=True, help="folder with train.bin and val.bin (uint16 token ids)")
@@ -315,16 +338,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--skip-fsdp", action="store_true")
     p.add_argument("--overwrite", action="store_true", help="replace a gpu_check.json an earlier run left in --out")
     a = p.parse_args(argv)
-    for f in ("train.bin", "val.bin"):
-        if not (a.data / f).is_file():
-            print(f"error: --data {a.data}: no {f} there (see `python -m smallinit.bench.gpu.gpu_check --help`)", file=sys.stderr)
-            return 2
-    a.out.mkdir(parents=True, exist_ok=True)
-    try:  # before any unit: an earlier run's record is never written over unasked
-        written.check(a.out, ["gpu_check.json"], adopt=a.overwrite)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
+    why = _refused(a)  # everything a unit would trip on, before the first is written: a lent GPU's time is short
+    if why:
+        print(f"error: {why}", file=sys.stderr)
         return 2
+    a.out.mkdir(parents=True, exist_ok=True)
     device = torch.device(a.device)
 
     def log(msg: str) -> None:
