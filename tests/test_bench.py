@@ -315,3 +315,12 @@ def test_bench_refuses_bad_arguments_before_measuring(tmp_path, capsys, args, sa
         parse(["--tiny", *[a.format(file=a_file) for a in args]])
     assert e.value.code == 2 and says.format(file=a_file) in capsys.readouterr().err
     assert a_file.read_text() == "mine"
+
+
+@pytest.mark.parametrize("content", ["{}", "[]", '{"benchmarks": {}}'])
+def test_bench_doc_refuses_a_json_that_is_not_a_bench_record(tmp_path, capsys, content):
+    bad = tmp_path / "results.json"
+    bad.write_text(content)
+    assert bench_doc.main(["--check", "--results", str(bad)]) == 1
+    err = capsys.readouterr().err
+    assert err == f"error: {bad}: not a bench record (a JSON object with benchmarks and machine, as make bench writes)\n"

@@ -166,6 +166,9 @@ def test_export_writes_only_where_it_may_and_replaces_only_what_it_wrote(trial_c
     mark = json.loads((out / "smallinit.json").read_text())
     assert sorted(mark["files"]) == sorted(p.name for p in out.iterdir() if p.name != "smallinit.json")
     export(tmp_path / "a", out)  # its own earlier export: written again
+    tokenizer = (out / "tokenizer.json").read_bytes()
+    export(tmp_path / "a", out, tokenizer=out / "tokenizer.json")  # its own tokenizer, replaced as the export goes
+    assert (out / "tokenizer.json").read_bytes() == tokenizer
     before = snapshot(out)
     with pytest.raises(ConfigError, match=r"holds the export of trial \w+, not \w+; give another folder, or --overwrite"):
         export(tmp_path / "b", out)

@@ -296,3 +296,25 @@ def test_an_export_edited_since_is_not_written_over_without_overwrite(tmp_path):
     # A mark from before the hashes lists names: nothing to hold them to, as before.
     (out / MARK).write_text(json.dumps({"identity": "abc", "files": ["config.json", "generation_config.json"]}))
     assert _earlier_export(out, "abc", overwrite=False) == ["config.json", "generation_config.json"]
+
+
+def test_a_report_into_a_file_is_one_line(tiny_sweep, tmp_path):
+    a_file = tmp_path / "reports"
+    a_file.write_text("mine")
+    proc = report_cli("--sweep", str(tiny_sweep), "--out", str(a_file), "--widths", WIDTHS, "--boot", "20")
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines()[-1].endswith(f"--out={a_file} is invalid: {a_file} is a file; give a folder "
+                                                         "(nothing was written)")
+    assert a_file.read_text() == "mine"
+
+
+def test_a_screenshot_of_a_page_that_is_not_a_report_is_one_line(tmp_path, capsys):
+    from smallinit.experiments.report.screenshot import find_browser, main
+
+    if find_browser() is None:
+        pytest.skip("no chromium here")
+    page = tmp_path / "report.md"
+    page.write_text("# not a report's index.html\n")
+    assert main([str(page)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {page} is not a report's index.html (") and err.count("\n") == 1

@@ -205,3 +205,13 @@ def test_a_file_that_is_not_a_database_is_refused_in_one_line_naming_it(tmp_path
     with pytest.raises(ConfigError) as e:
         open_storage(f"sqlite:///{bad}")
     assert str(bad) in str(e.value) and "\n" not in str(e.value)
+
+
+def test_the_dashboard_names_a_damaged_study_in_one_line(tmp_path, capsys):
+    from smallinit.sweeper.study.dashboard import main
+
+    (tmp_path / "s").mkdir()
+    (tmp_path / "s" / "optuna.db").write_bytes(b"not a database at all" * 100)
+    assert main([str(tmp_path / "s")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "is not a readable SQLite study" in err and err.count("\n") == 1

@@ -128,6 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     reading = a.results
     try:  # each file read on its own, so the error names the one that failed
         results = json.loads(a.results.read_text())
+        if not isinstance(results, dict) or not {"benchmarks", "machine"} <= set(results):
+            raise ValueError("not a bench record (a JSON object with benchmarks and machine, as make bench writes)")
         reading = AMX_RESULTS
         amx = json.loads(AMX_RESULTS.read_text()) if AMX_RESULTS.exists() else None
         reading = a.doc

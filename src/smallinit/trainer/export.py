@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import sys
 from pathlib import Path
 
@@ -129,6 +128,8 @@ def export(trial_dir: Path, out_dir: Path, tokenizer: Path | None = None, overwr
     state = _read_weights(folder.model_weights, torch, record.get("identity"), folder.trial_json)
     tok_file = Path(tokenizer) if tokenizer else _trained_tokenizer(record["config"]["data"])
     eot = _end_of_text_id(tok_file, cfg.vocab_size) if tok_file is not None else None
+    # Read now: --tokenizer may name the earlier export's own tokenizer.json, which goes below.
+    tok_json = tok_file.read_bytes() if tok_file is not None else None
     hf = llama_state_dict(state, cfg.n_layers)
     if cfg.tie_embeddings:
         hf.pop("lm_head.weight", None)
@@ -144,8 +145,8 @@ def export(trial_dir: Path, out_dir: Path, tokenizer: Path | None = None, overwr
         (out_dir / name).unlink(missing_ok=True)
     model.save_pretrained(out_dir, safe_serialization=True)  # config.json and generation_config.json
     _portable_config(out_dir / "config.json", cfg)
-    if tok_file is not None:
-        _write_tokenizer(out_dir, tok_file, eot is not None, cfg.max_seq_len)
+    if tok_json is not None:
+        _write_tokenizer(out_dir, tok_json, eot is not None, cfg.max_seq_len)
     files = {str(p.relative_to(out_dir)): trial_files.sha256(p) for p in sorted(out_dir.rglob("*")) if p.is_file()}
     (out_dir / MARK).write_text(json.dumps({"identity": record["identity"], "config": record["config"],
                                             "files": files}, indent=2))
@@ -199,7 +200,7 @@ def _portable_config(path: Path, cfg: ModelConfig) -> None:
     path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
-def _write_tokenizer(out_dir: Path, tok_file: Path, has_eot: bool, max_len: int) -> None:
+def _write_tokenizer(out_dir: Path, tok_json: bytes, has_eot: bool, max_len: int) -> None:
     """tokenizer.json as trained, and the two small files that say how to load it, written here
     rather than by the installed transformers' save_pretrained: transformers 5 names its own class
     (TokenizersBackend), which AutoTokenizer of 4.x cannot find. PreTrainedTokenizerFast is the
@@ -214,7 +215,7 @@ def _write_tokenizer(out_dir: Path, tok_file: Path, has_eot: bool, max_len: int)
               **specials}
     (out_dir / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
     (out_dir / "special_tokens_map.json").write_text(json.dumps(specials, indent=2) + "\n")
-    shutil.copy(tok_file, out_dir / "tokenizer.json")
+    (out_dir / "tokenizer.json").write_bytes(tok_json)
 
 
 def _check_out_dir(out_dir: Path) -> None:

@@ -16,14 +16,13 @@ whether the recipe's advantage grows with width and with tokens.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from smallinit.core.trial_dir import TrialDir
 from smallinit.experiments.data.load import Sweep
 from smallinit.experiments.fits.crossover import (
     Crossing,
@@ -109,8 +108,8 @@ def trial_shape(rows: pd.DataFrame) -> tuple[dict | None, str]:
     """(vocab_size, tie_embeddings and seq_len from the trials' trial.json, or None; why not)."""
     found: dict[str, set] = {"vocab_size": set(), "tie_embeddings": set(), "seq_len": set()}
     for folder in rows["trial_dir"].dropna().unique() if "trial_dir" in rows else ():
-        try:
-            config = json.loads((Path(folder) / "trial.json").read_text())["config"]
+        try:  # through the one reader of a trial's files; a damaged trial.json counts as absent
+            config = (TrialDir(folder).read_trial(damaged_ok=True) or {})["config"]
             found["vocab_size"].add(int(config["model"]["vocab_size"]))
             found["tie_embeddings"].add(bool(config["model"]["tie_embeddings"]))
             found["seq_len"].add(int(config["train"]["seq_len"]))

@@ -17,7 +17,6 @@ table, marked, and the page says which widths the fit used.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from smallinit.core.trial_dir import TrialDir
 from smallinit.experiments.stats.paired import one_comparison, t_interval
 from smallinit.experiments.stats.stats import A_LOWER, compare, outcome
 
@@ -73,7 +73,7 @@ def heads_of(trials: pd.DataFrame) -> int | None:
         for v in trials.get(col, pd.Series(dtype=object)).dropna():
             folder = Path(v) if col == "trial_dir" else Path(v).parent
             try:
-                return int(json.loads((folder / "trial.json").read_text())["config"]["model"]["n_heads"])
+                return int((TrialDir(folder).read_trial(damaged_ok=True) or {})["config"]["model"]["n_heads"])
             except (OSError, ValueError, KeyError, TypeError):
                 continue
     return None

@@ -83,6 +83,9 @@ def build(dirs: list[Path], out_root: Path = Path("reports"), baseline_gamma: fl
     for line in [*sweep.left_out, *sweep.damaged_records]:
         log(line)
     out = Path(out_root) / sweep.name
+    for path in (Path(out_root), out):
+        if path.exists() and not path.is_dir():
+            raise ReportError(f"--out={out_root} is invalid: {path} is a file; give a folder (nothing was written)")
     try:
         written.require_own(out, adopt=overwrite)
     except ConfigError as e:

@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 
 from smallinit.core import written
-from smallinit.core.errors import ConfigError
+from smallinit.core.errors import ConfigError, first_line
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable", "chrome")
 
@@ -114,7 +114,11 @@ def main(argv: list[str] | None = None) -> int:
     if browser is None:
         print("error: no chromium found; install it (Debian: apt-get install -y chromium)", file=sys.stderr)
         return 2
-    info = page_info(page, browser, a.width)
+    try:
+        info = page_info(page, browser, a.width)
+    except RuntimeError as e:  # a page that is not a report (no figures to count)
+        print(f"error: {page} is not a report's index.html ({first_line(e)}); build one with `make report`", file=sys.stderr)
+        return 2
     try:
         out = screenshot(page, Path(a.out) if a.out else page.parent / "screenshot.png", a.width,
                          a.height or info["height"] + 40, browser)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from smallinit.core.errors import ConfigError
 
-from .study import default_storage_url, redacted, storage_url
+from .study import default_storage_url, open_storage, redacted, storage_url
 
 
 def newest_sweep_dir(root: Path = Path("sweeps")) -> Path | None:
@@ -43,6 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     try:
         url = resolve(args.sweep, args.storage)
+        open_storage(url).engine.dispose()  # a damaged study or a bad URL: one line here, not the server's traceback
         import optuna_dashboard
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
