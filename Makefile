@@ -69,7 +69,7 @@ test-times: install ## Time the unit tier and make test into docs/records/test_t
 	  $(PY) -m pytest -q -m "not slow and not integration" -p no:cacheprovider $(ARGS)
 	SMALLINIT_TEST_RECORD=.test_times.json SMALLINIT_TEST_TIER=test \
 	  $(PY) -m pytest -q -m "not slow" -p no:cacheprovider $(ARGS)
-	$(PY) -c 'import os, pathlib; from records import write_record; write_record(pathlib.Path("docs/records/test_times.json"), pathlib.Path(".test_times.json").read_text(), "make test-times", overwrite=bool(os.environ.get("OVERWRITE")))'
+	$(PY) -c 'import os, pathlib; from records import write_record; write_record(pathlib.Path("docs/records/test_times.json"), pathlib.Path(".test_times.json").read_text(), "make test-times", overwrite=os.environ.get("OVERWRITE", "") not in ("", "0"))'
 	rm -f .test_times.json
 
 test-slow: install ## Run only the tests marked slow (CI runs them after `make test`)

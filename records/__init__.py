@@ -96,7 +96,10 @@ def committed_record(path: Path) -> dict:
 
     path = Path(path)
     record, why = read_record(path.parent, path.name)
+    if record is None and why is None:
+        raise SystemExit(f"error: {path} does not exist: check the path (a committed record that went missing comes "
+                         f"back with git checkout -- {path})")
     if record is None:
-        raise SystemExit(f"error: {path} is {'missing' if why is None else f'unreadable ({why})'}: restore it "
-                         f"(git checkout -- {path}) or rebuild it with the command its README names")
+        raise SystemExit(f"error: {path} is unreadable ({why}): restore it (git checkout -- {path}) or rebuild it "
+                         "with the command its README names")
     return record

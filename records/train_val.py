@@ -12,6 +12,9 @@ the cooldown.
 
     python -m records.train_val --crossover sweeps/crossover [--steps 4096,8192] \\
         [--window 128] [--out checks.md [--append]]
+
+Every run it reads must have finished with its files as it wrote them (core/trial_files.py): an
+unfinished or changed one stops the command in one line naming it.
 """
 
 from __future__ import annotations

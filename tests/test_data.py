@@ -376,3 +376,24 @@ def test_make_shards_writes_only_into_a_new_folder_or_over_its_own_earlier_shard
     with pytest.raises(ValueError, match=r"holds files make_shards did not write \(notes.txt\)"):
         make_shards.make_shards(text, out, shard_tokens=10**6, overwrite=True, **quiet)
     assert (out / "notes.txt").read_text() == "mine" and (out / "shards.json").exists()
+
+
+def test_make_shards_after_a_failed_or_killed_run_is_not_locked_out(tmp_path):
+    from smallinit.data import make_shards
+
+    text = tmp_path / "text"
+    text.mkdir()
+    (text / "a.txt").write_text("one lonely document")
+    out = tmp_path / "shards"
+    quiet = dict(vocab_size=300, val_fraction=0.5, log=lambda *_: None)
+    with pytest.raises(ValueError, match="too few for both a train and a val side"):
+        make_shards.make_shards(text, out, **quiet)
+    assert not [p for p in out.iterdir() if p.suffix == ".bin"]  # its shards went with it
+    (text / "a.txt").write_text("\n\n".join(f"document {i} with its words" for i in range(100)))
+    assert make_shards.make_shards(text, out, **quiet)["documents"] == 100
+    # A run killed before its shards.json: its shards and tokenizer are named as an earlier run's.
+    (out / "shards.json").unlink()
+    with pytest.raises(ValueError, match="holds shards of an earlier run that did not finish: give another folder, "
+                                         "or --overwrite"):
+        make_shards.make_shards(text, out, **quiet)
+    assert make_shards.make_shards(text, out, overwrite=True, **quiet)["documents"] == 100

@@ -255,6 +255,11 @@ def test_a_budget_row_of_a_trial_still_training_stands_on_its_branch_file(tmp_pa
     folder.budget_json(1024).parent.mkdir()
     folder.budget_json(1024).write_text('{"final_val_loss": ')
     assert _why_left_out(folder, 1024).startswith(f"{folder.budget_json(1024)} is damaged (not readable JSON")
+    from smallinit.core.trial_dir import RESULT_KEYS
+
+    folder.write_budget_result(1024, dict.fromkeys(RESULT_KEYS, 0.0) | {
+        "identity": "abc", "steps": 1, "tokens": 1024, "n_params": 1, "final_val_loss": 5.0, "budget_tokens": 1024})
+    assert _why_left_out(folder, 1024) is None  # a whole branch of a trial still training is reported
 
 
 def test_the_record_builders_hold_each_row_to_its_folder_as_the_report_does(tiny_sweep, tmp_path, capsys):
@@ -317,4 +322,5 @@ def test_a_screenshot_of_a_page_that_is_not_a_report_is_one_line(tmp_path, capsy
     page.write_text("# not a report's index.html\n")
     assert main([str(page)]) == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"error: {page} is not a report's index.html (") and err.count("\n") == 1
+    assert err.startswith(f"error: {page}: the page's load script did not run") and "is it a report's index.html?" in err
+    assert err.count("\n") == 1

@@ -209,7 +209,7 @@ def test_a_damaged_committed_summary_is_one_line_naming_it(tmp_path, monkeypatch
     path.write_text('{"claims": [')
     with pytest.raises(SystemExit, match=rf"^error: {re.escape(str(path))} is unreadable \(.*\): restore it "):
         committed_record(path)
-    with pytest.raises(SystemExit, match="is missing: restore it"):
+    with pytest.raises(SystemExit, match="none.json does not exist: check the path"):
         committed_record(tmp_path / "none.json")
 
 

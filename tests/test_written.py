@@ -97,3 +97,27 @@ def test_the_results_table_is_never_written_over_once_a_user_edited_it(tmp_path,
                    "the sweep writes its table anew\n")
     assert pd.read_csv(legacy)["identity"].tolist() == ["a", "b", "c"]
     assert pd.read_parquet(tmp_path / "results.parquet")["identity"].tolist() == ["a", "b", "c"]
+
+
+def test_a_write_cut_between_the_files_and_the_list_leaves_files_the_list_knows(tmp_path, monkeypatch):
+    """A full disk or a kill after the first file: each file is as it was or as this command wrote
+    it, and neither is then refused as "changed since" (the sweep would set its own table aside)."""
+    from smallinit.core import written
+
+    written.write_outputs(tmp_path, {"a.csv": "old a\n", "b.csv": "old b\n"}, by="test")
+    real, calls = written.atomic_write, []
+
+    def cut_after_one(path, write):
+        calls.append(path.name)
+        if len(calls) > 1:
+            raise OSError(28, "No space left on device")
+        real(path, write)
+
+    monkeypatch.setattr(written, "atomic_write", cut_after_one)
+    with pytest.raises(OSError):
+        written.write_outputs(tmp_path, {"a.csv": "new a\n", "b.csv": "new b\n"}, by="test")
+    monkeypatch.undo()
+    assert (tmp_path / "a.csv").read_text() == "new a\n" and (tmp_path / "b.csv").read_text() == "old b\n"
+    assert written.blocked(tmp_path, ["a.csv", "b.csv"]) == {}
+    (tmp_path / "b.csv").write_text("edited b\n")
+    assert written.blocked(tmp_path, ["b.csv"]) == {"b.csv": "changed since test wrote it"}

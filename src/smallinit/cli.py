@@ -37,12 +37,14 @@ def run(cfg: DictConfig) -> float | None:
 
     try:
         trial = trial_config_from_dict(OmegaConf.to_container(cfg, resolve=True))
+        identity = trial.identity()  # once: the trainer reads it
         check_switch()  # SMALLINIT_CPU_ALLOCATOR
-        prepared = check_trials([trial]).get(trial.data)  # the corpus, held against the budget
+        # The corpus, held against the budget: main() checked it before Hydra made the folder.
+        prepared = _CHECKED.pop(identity) if identity in _CHECKED else check_trials([trial]).get(trial.data)
     except ConfigError as e:
         sys.exit(f"error: {e}")
     out_dir = HydraConfig.get().runtime.output_dir
-    m, identity = trial.model, trial.identity()  # once: the trainer reads it
+    m = trial.model
     print(f"trial {identity}: {trial.preset} ({m.num_params() / 1e6:.2f}M params), "
           f"gamma={m.init.gamma} eps={m.norm.eps:g} gate={m.attn.gate}, "
           f"{trial.train.total_steps} steps x {trial.train.tokens_per_step} tokens -> {out_dir}")
@@ -74,18 +76,24 @@ def run(cfg: DictConfig) -> float | None:
 BEFORE_THE_TRIAL = {"sweep.log", "trial.lock"}
 
 
-def _single_run_trial(cfg: DictConfig):
-    """The trial a single run trains, checked as run() checks it (its config, the allocator
-    switch, the corpus against the budget) before Hydra makes the run's folder: a refusal leaves
-    nothing behind. ConfigError with one line otherwise."""
+# The single run's trial identity -> its corpus, prepared and checked by main() before Hydra
+# made the run's folder, for run() to take rather than prepare it again.
+_CHECKED: dict[str, object] = {}
+
+
+def _check_single_run(argv: list[str], cfg: DictConfig) -> None:
+    """A single run checked as run() checks it, before Hydra makes the run's folder, so a refusal
+    leaves nothing behind: its config and allocator switch, its folder (cheap, and a finished
+    trial is answered before any corpus work), then the corpus against its budget. ConfigError
+    or SystemExit with one line otherwise."""
     from smallinit.trainer.config import trial_config_from_dict
     from smallinit.trainer.data_check import check_trials
     from smallinit.trainer.machine.host_memory import check_switch
 
     trial = trial_config_from_dict(OmegaConf.to_container(cfg, resolve=True))
     check_switch()
-    check_trials([trial])
-    return trial
+    _check_run_dir(argv, trial)
+    _CHECKED[trial.identity()] = check_trials([trial]).get(trial.data)
 
 
 def _check_run_dir(argv: list[str], trial) -> None:
@@ -136,7 +144,7 @@ def main() -> None:
     try:
         cfg = precheck([a for a in sys.argv[1:] if a != "--show"], conf, show="--show" in sys.argv[1:])
         if cfg is not None and not {"-m", "--multirun", "--show"} & set(sys.argv[1:]):
-            _check_run_dir(sys.argv[1:], _single_run_trial(cfg))
+            _check_single_run(sys.argv[1:], cfg)
         if "--show" in sys.argv[1:]:
             from smallinit.sweeper.results.show import show
 

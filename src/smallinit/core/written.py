@@ -10,8 +10,9 @@ the file's sha256. Before a command writes any of its files, every one is checke
   since (an edit): refused, in one line naming the file, before any file is written.
 `adopt=True` (a command's --overwrite) takes such files over and lists them from then on.
 
-Each file is written atomically (core/files.py), and the list after the files: a kill between
-them leaves a file the list does not hold yet, which the next run refuses rather than guesses at.
+Each file is written atomically (core/files.py). The list is written twice: before the files,
+naming each one's coming sha256 as `pending`, and after them: a kill between leaves each file
+either as it was or as this command wrote it, and the list knows both as ours.
 Exports (trainer/export.py) and carried sweeps (records/keep.py) keep their own marker, which
 also names the trial or sweep they hold. One page is written by hand and by a command together:
 docs/benchmarks.md, whose `<!-- bench.doc: NAME -->` blocks `python -m smallinit.bench.doc`
@@ -57,7 +58,7 @@ def blocked(folder: Path, names: list[str]) -> dict[str, str]:
         entry = listed.get(name)
         if not isinstance(entry, dict):
             out[name] = "not written by a smallinit command"
-        elif _sha256(path.read_bytes()) != entry.get("sha256"):
+        elif _sha256(path.read_bytes()) not in (entry.get("sha256"), entry.get("pending")):
             out[name] = f"changed since {entry.get('by', 'a smallinit command')} wrote it"
     return out
 
@@ -80,11 +81,17 @@ def write_outputs(folder: Path, files: dict[str, str | bytes], by: str, adopt: b
     data = {name: body.encode() if isinstance(body, str) else body for name, body in files.items()}
     check(folder, list(data), adopt)
     listed = _listed(folder)
+    digests = {name: _sha256(body) for name, body in data.items()}
+    # The list names each file's coming sha256 first, as pending: a kill (or a full disk) between
+    # the files and the final list leaves a file the list still knows as ours, not one "changed".
+    pending = {name: {k: v for k, v in (listed.get(name) or {}).items() if k == "sha256"} | {"by": by, "pending": d}
+               for name, d in digests.items()}
+    atomic_write_json(folder / LIST, dict(sorted({**listed, **pending}.items())))
     paths = []
     for name, body in data.items():
         path = folder / name
         atomic_write(path, lambda f, body=body: f.write(body))
-        listed[name] = {"by": by, "sha256": _sha256(body)}
+        listed[name] = {"by": by, "sha256": digests[name]}
         paths.append(path)
     atomic_write_json(folder / LIST, dict(sorted(listed.items())))
     return paths

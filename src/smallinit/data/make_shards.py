@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -116,17 +117,23 @@ def make_shards(text_dir: Path, out_dir: Path, tokenizer: Path | None = None, vo
             writers["val" if i % every == 0 else "train"].add(np.asarray(ids, dtype=np.uint16))
         batch.clear()
 
-    for text in documents(files):
-        batch.append((n_docs, text))
-        n_docs += 1
-        if len(batch) >= batch_docs:
-            flush()
-    flush()
-    for w in writers.values():
-        w.close()
-    if not writers["train"].total or not writers["val"].total:
-        raise ValueError(f"{text_dir}: {n_docs} document(s), too few for both a train and a val side "
-                         f"(every {every}th goes to val)")
+    try:
+        for text in documents(files):
+            batch.append((n_docs, text))
+            n_docs += 1
+            if len(batch) >= batch_docs:
+                flush()
+        flush()
+        for w in writers.values():
+            w.close()
+        if not writers["train"].total or not writers["val"].total:
+            raise ValueError(f"{text_dir}: {n_docs} document(s), too few for both a train and a val side "
+                             f"(every {every}th goes to val)")
+    except BaseException:  # a failed or interrupted run takes its shards with it (the earlier run's went
+        for path in out_dir.iterdir():  # before it began): the folder holds nothing of it
+            if SHARD_NAME.fullmatch(path.name):
+                path.unlink(missing_ok=True)
+        raise
     tok.save(str(out_dir / TOKENIZER_FILE))
     meta = {"vocab_size": vocab, "eot_id": eot, "documents": n_docs, "val_every": every,
             "train_tokens": writers["train"].total, "val_tokens": writers["val"].total,
@@ -143,6 +150,9 @@ def make_shards(text_dir: Path, out_dir: Path, tokenizer: Path | None = None, vo
     return meta
 
 
+SHARD_NAME = re.compile(r"(train|val)_\d{6}\.bin")  # ShardWriter's names
+
+
 def earlier_output(out_dir: Path, overwrite: bool) -> list[str]:
     """The files of an earlier make_shards run in out_dir (those its shards.json lists, and it)
     that this run replaces; [] for a new or empty folder. A folder holding any other file is
@@ -155,15 +165,17 @@ def earlier_output(out_dir: Path, overwrite: bool) -> list[str]:
         meta = json.loads((out_dir / SHARDS_META).read_text())
         listed = {SHARDS_META, meta["tokenizer_file"], *meta["train_shards"], *meta["val_shards"]}
     except (OSError, ValueError, KeyError, TypeError):
-        listed = set()
+        # No list: a run killed before it wrote one leaves shards and a tokenizer named as ours.
+        listed = {n for n in present if n == TOKENIZER_FILE or SHARD_NAME.fullmatch(n)}
     foreign = [n for n in present if n not in listed]
     if foreign:
         shown = ", ".join(foreign[:4]) + (" ..." if len(foreign) > 4 else "")
         raise ValueError(f"OUT_DIR={out_dir} holds files make_shards did not write ({shown}): give a new or empty "
                          "folder (nothing was written)")
     if not overwrite:
-        raise ValueError(f"OUT_DIR={out_dir} holds shards made earlier: give another folder, or --overwrite to "
-                         "replace them (nothing was written)")
+        what = "shards made earlier" if SHARDS_META in present else "shards of an earlier run that did not finish"
+        raise ValueError(f"OUT_DIR={out_dir} holds {what}: give another folder, or --overwrite to replace them "
+                         "(nothing was written)")
     return present
 
 

@@ -229,11 +229,13 @@ def hold_to_their_files(results: pd.DataFrame) -> list[str]:
         stored = results.at[i, "trial_dir"]
         if not isinstance(stored, str) or not Path(stored).is_dir():
             continue
+        folder = TrialDir(stored)
         identity = results.at[i, schema.IDENTITY] if schema.IDENTITY in results else None
         budget = results.at[i, schema.BUDGET_TOKENS] if isinstance(identity, str) and schema.BUDGET_SEP in identity else None
-        key = (stored, None if budget is None or pd.isna(budget) else int(budget))
+        # A finished trial is checked once for all its rows (its result.json lists every branch file);
+        # a budget row of a trial still training, on its own branch file.
+        key = (stored, None if folder.finished or budget is None or pd.isna(budget) else int(budget))
         if key not in seen:
-            folder = TrialDir(stored)
             seen[key] = _why_left_out(folder, key[1])
             if seen[key] is not None:
                 lines.append(f"trial {folder.path.name} left out of every verdict: {seen[key]}; rerun the sweep's "

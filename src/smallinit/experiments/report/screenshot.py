@@ -116,8 +116,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         info = page_info(page, browser, a.width)
-    except RuntimeError as e:  # a page that is not a report (no figures to count)
-        print(f"error: {page} is not a report's index.html ({first_line(e)}); build one with `make report`", file=sys.stderr)
+    except RuntimeError as e:  # a page without a report's load script, or a browser that could not load it
+        print(f"error: {page}: {first_line(e)} (is it a report's index.html? `make report` builds one)", file=sys.stderr)
+        return 2
+    except subprocess.TimeoutExpired:
+        print(f"error: {page}: {browser} did not load it within 120 s", file=sys.stderr)
         return 2
     try:
         out = screenshot(page, Path(a.out) if a.out else page.parent / "screenshot.png", a.width,

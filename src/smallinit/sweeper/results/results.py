@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -275,6 +276,7 @@ def _fill_roles(rows: list[dict[str, Any]], sweep_dir: Path) -> None:
 
 
 TABLE_WRITER = "the sweep (results table)"  # how the folder's .written.json names the tables' writer
+_TABLE_WRITE = threading.Lock()
 
 
 def write_table(sweep_dir: Path, df: pd.DataFrame) -> Path:
@@ -288,12 +290,13 @@ def write_table(sweep_dir: Path, df: pd.DataFrame) -> Path:
     df.to_parquet(parquet, index=False)
     df.to_csv(csv, index=False)
     tables = {schema.results_path(sweep_dir).name: parquet.getvalue(), schema.csv_path(sweep_dir).name: csv.getvalue()}
-    for name, why in written.blocked(sweep_dir, list(tables)).items():
-        if why.startswith("changed since"):
-            aside = sweep_dir / f"{name}.edited-{time.strftime('%Y%m%d-%H%M%S')}"
-            (sweep_dir / name).rename(aside)
-            print(f"{sweep_dir / name} was {why}: kept as {aside.name}; the sweep writes its table anew")
-    written.write_outputs(sweep_dir, tables, by=TABLE_WRITER, adopt=True)
+    with _TABLE_WRITE:  # the driver's end, run from a watcher thread (stop.py), may meet a refresh
+        for name, why in written.blocked(sweep_dir, list(tables)).items():
+            if why.startswith("changed since"):
+                aside = sweep_dir / f"{name}.edited-{time.strftime('%Y%m%d-%H%M%S')}"
+                (sweep_dir / name).rename(aside)
+                print(f"{sweep_dir / name} was {why}: kept as {aside.name}; the sweep writes its table anew")
+        written.write_outputs(sweep_dir, tables, by=TABLE_WRITER, adopt=True)
     return schema.results_path(sweep_dir)
 
 
