@@ -161,3 +161,19 @@ def test_sweeps_on_two_corpora_pair_only_in_leads_differ():
                           family=("lead", "leads_differ", "interaction", "sweeps_differ"), every_budget=True)
     kinds = [(r["comparison"], r["a"]["label"], r["b"]["label"]) for r in rows if r["comparison"] != "lead"]
     assert kinds == [("interaction", "once", "cos_once"), ("leads_differ", "once", "again")]
+
+
+def test_while_any_comparison_waits_no_row_is_a_verdict_and_an_arm_with_no_seeds_is_named(tmp_path):
+    """A family read before its last sweep finishes is Holm-adjusted over fewer comparisons than the
+    rule fixes (p too small): every row says interim, the page and summary.json say so, and the
+    waiting line names the arm that holds none (it read '6 of 6 seeds in both arms' before)."""
+    from records.whole_runs import INTERIM
+    done = _sweep("done", "cosine", {"baseline": 4.5, "small": 4.3}, {"baseline": 4e-3, "small": 2e-3}, noise=0.01)
+    half = _sweep("half", "WSD", {"baseline": 4.4}, {"baseline": 2e-3}, budget=B)  # the recipe's confirm runs not yet run
+    rows, waiting = comparisons([done, half], [], SEEDS, "baseline", "small")
+    assert waiting == [f"{B:,} tokens: half holds 6 of 6 seeds in baseline and 0 of 6 seeds in small"]
+    judge(rows, interim=bool(waiting))
+    assert [r["verdict"] for r in rows] == [INTERIM]  # "recipe ahead" on its own
+    assert "**Interim**" in markdown(rows, waiting, "python -m records.whole_runs done half")
+    judge(rows)
+    assert rows[0]["verdict"] == "recipe ahead"
