@@ -250,3 +250,16 @@ def test_a_budgets_choice_reads_only_a_whole_branch_file_of_this_trial_and_budge
     branch(4096, budget_tokens=8192)
     branch(8192, identity="other")
     assert _branch_losses(spec) == {1024: 5.0, 2048: None, 4096: None, 8192: None, 16384: None}
+
+
+def test_the_cpu_tally_counts_each_trial_once_even_when_its_branches_name_two():
+    """crossover/status.md read '25 trial(s)' on one CPU and '10 unrecorded' for 34 trials: one
+    trial's branches were written before and after results named their CPU."""
+    import pandas as pd
+
+    from smallinit.experiments.fits.token_crossover import machine_lines
+
+    df = pd.DataFrame({"trial_identity": ["a", "a", "b", "c"], "cpu": ["EPYC", "unrecorded", "EPYC", "unrecorded"],
+                       "role": ["tune"] * 4})
+    lines = machine_lines(df)
+    assert lines[2:5] == ["- EPYC: 1 trial(s)", "- EPYC and unrecorded: 1 trial(s)", "- unrecorded: 1 trial(s)"]

@@ -375,8 +375,11 @@ def machine_lines(df: pd.DataFrame) -> list[str]:
     """Which CPUs trained the branches, and how many confirm pairs (seed, budget) span two: one
     identity on two CPUs is not bit-identical, so such a pair carries that noise too."""
     lines = ["## trained on", ""]
-    for cpu, trials in df.groupby("cpu")["trial_identity"].nunique().items():
-        lines.append(f"- {cpu}: {trials} trial(s)")
+    per_trial = df.groupby("trial_identity")["cpu"].agg(lambda c: tuple(sorted(set(c))))
+    for cpus, trials in per_trial.value_counts().sort_index().items():
+        # A trial whose branches name two CPUs (or one and none: written before results named it)
+        # is counted once, under both, so the lines add up to the trials.
+        lines.append(f"- {' and '.join(cpus)}: {trials} trial(s)")
     confirm = df[df["role"] == "confirm"]
     if not confirm.empty:
         pairs = confirm.groupby(["config/seed", schema.BUDGET_TOKENS])["cpu"].agg(
