@@ -36,3 +36,13 @@ def test_every_quoted_number_is_in_its_record(page):
 @pytest.mark.parametrize("name", QUOTING)
 def test_the_measured_pages_quote_their_records(name):
     assert quoted.QUOTES.search((quoted.REPO / name).read_text()), f"{name} quotes no record"
+
+
+def test_a_reading_may_write_as_a_decimal_what_its_section_shows_in_e_notation():
+    """Prose writes 698,000 and 0.0000182 where the generated section prints 6.98e+05 and 1.82e-05;
+    a different figure is still stray."""
+    from records.quoted import stray
+
+    shown = "D* = 6.98e+05 tokens, p 1.82e-05"
+    assert stray("D* = 698,000 tokens (p 0.0000182)", shown) == []
+    assert stray("D* = 697,000 tokens", shown) == ["697,000"]
