@@ -82,7 +82,8 @@ pairs; "not enough data" a null with fewer). They are kept as they were recorded
 their sweeps must be rerun under the new protocol.
 """
 RETIRED = ("> *Retired*: no verdict is drawn from this record: it names no commit, machine, packages or trial "
-           "table ({why}). Its claims below are shown as its report printed them. To give it verdicts, rerun it "
+           "table ({why}). Its claims below are shown as its report printed them, and its reading as it was written "
+           "then: a verdict word in either is history, not a finding. To give it verdicts, rerun it "
            "under the current protocol (`python sweep.py -m +experiment={name}`, then `make report "
            "SWEEP=sweeps/{name}`) and collect it with its provenance.")
 PREVIOUS_PROTOCOL = ("> *Previous protocol*: one learning rate, budgets of 81,920-122,880 tokens, and the old verdict "
