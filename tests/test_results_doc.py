@@ -217,3 +217,16 @@ def test_a_mistyped_docs_folder_is_refused_before_anything_is_written(tmp_path, 
     assert results_doc.main(["--docs", str(tmp_path / "typo")]) == 2
     assert "--docs=" in capsys.readouterr().err and not (tmp_path / "typo").exists()
 
+
+
+def test_the_header_states_the_scale_the_committed_summaries_hold(tmp_path):
+    """The page's scale line (models, tokens a trial, training time) is read from the summaries'
+    own tables, not written by hand (it said 1-21M parameters and 10^5-10^6 tokens while the
+    records held 0.44M and 8,388,608)."""
+    for name, rows, wall in (("a", [("439,424", "960,000")], 3600.0), ("b", [("20,848,512", "163,840")], 10800.0)):
+        (tmp_path / "results" / name).mkdir(parents=True)
+        table = [{"params": p, "tokens / trial": t} for p, t in rows]
+        (tmp_path / "results" / name / "summary.json").write_text(json.dumps({"scale": {"wall_s": wall, "table": table}}))
+    words = results_doc._scale_words(tmp_path)
+    assert words["scale_params"] == "0.44M-20.8M" and words["scale_tokens"] == "163,840-960,000"
+    assert words["scale_cost"].startswith("the trials of the reports below trained for 4 trial-hours, about 2 hours")
