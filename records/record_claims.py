@@ -2,7 +2,7 @@
 wrote its summary.json could not know or judged too widely.
 
 The report reads one sweep. The crossover record is a sweep plus checks run beside it
-(checks.txt), and three of its claim rows need more than the report had:
+(checks.txt), and four of its claim rows need more than the report had:
 
 - "The small-init recipe lowers loss at every size, dense and MoE": the report marks it supported
   from the sizes it compared. One size cannot show "every size", and a dense record cannot show
@@ -15,6 +15,10 @@ The report reads one sweep. The crossover record is a sweep plus checks run besi
   its interval's end past them. The rule is the report's for a several-budget record
   (claims/budgets.py): supported where every budget's lower end lies above 1, contradicted where
   an upper end lies below 1, inconclusive otherwise.
+- "Small init condenses, then expands": the report compared the two arms' mean |cos| rise with no
+  interval; judged again from the summary's per-trial trajectories by the library's rule as it now
+  stands (every small-init trial condenses then expands, and the rise beats γ < 1's paired by seed
+  with an interval that excludes 0).
 - "The recipe's advantage grows with tokens": the slope of the gap over ln D with its Holm p, from
   the summary's token_crossover (the family fixed by decision_rule.md: five budget gaps and the
   slope): supported where the slope is negative with Holm p <= alpha, contradicted where positive.
@@ -42,6 +46,7 @@ from smallinit.core.provenance import file_sha256, record
 from . import OVERWRITE_HELP, committed_record, write_record
 
 EVERY_SIZE = "The small-init recipe lowers loss at every size, dense and MoE"
+CONDENSATION = "Small init condenses, then expands"
 EFFECTIVE = "Small init is worth a larger effective model size"
 TOKENS = "The recipe's advantage grows with tokens"
 PAPER_EFFECTIVE = "~+44% effective size for γ = 1 with eps = 1e-12 and the gate, 0.1B-1.5B params, 1T tokens"
@@ -73,6 +78,21 @@ def every_size_verdict(claim: dict) -> dict:
     return dict(claim, verdict="inconclusive", excluded=None,
                 reason=f"the recipe is ahead beyond the seed spread at {'the one size' if len(sizes) == 1 else f'each of the {len(sizes)} sizes'} compared ({shown}), "
                        f"{kinds}: one size cannot show every size, dense and MoE (the report's verdict was supported)")
+
+
+def condensation_verdict(claim: dict) -> dict:
+    """The report's row judged again from its own per-trial trajectories by the claim as the library
+    now states it (claims.condensation_claim): the rise under small init against γ < 1's, paired
+    by seed with its interval, where the report that wrote the summary compared the two means."""
+    from smallinit.experiments.claims.claims import condensation_claim
+
+    rows = [n for n in claim["numbers"] if "peak_step" in n]
+    if not rows:
+        return claim
+    judged = condensation_claim(pd.DataFrame(rows).assign(identity=range(len(rows)))).as_dict()
+    if judged["verdict"] != claim["verdict"]:
+        judged["reason"] += f" (the report's verdict was {claim['verdict']})"
+    return judged
 
 
 def reading_ends(r: dict) -> tuple[float | None, float | None, str]:
@@ -143,6 +163,7 @@ def tokens_claim(tc: dict) -> dict:
 def judge(summary: dict, readings: list[dict] | None, head_note: str = "") -> list[dict]:
     """The rows claims.json holds, in the summary's claim order, new ones last."""
     out = [every_size_verdict(c) for c in summary["claims"] if c["claim"] == EVERY_SIZE]
+    out += [condensation_verdict(c) for c in summary["claims"] if c["claim"] == CONDENSATION]
     if readings:
         out.append(effective_size_claim(readings, head_note))
     if summary.get("token_crossover"):

@@ -28,7 +28,27 @@ def test_claims_json_judges_the_summary_beside_it():
     doc = json.loads((CROSSOVER / "claims.json").read_text())
     assert doc["summary_sha256"] == file_sha256(CROSSOVER / "summary.json")
     assert {c["claim"] for c in doc["claims"]} == {record_claims.EVERY_SIZE, record_claims.EFFECTIVE,
-                                                   record_claims.TOKENS}
+                                                   record_claims.TOKENS, record_claims.CONDENSATION}
+
+
+def test_the_condensation_verdict_rests_on_a_paired_interval_of_the_records_trajectories():
+    """'supported' needs every small-init trial to condense then expand and the rise difference,
+    paired by seed from the summary's own trajectories, to exclude 0 (it had no interval before)."""
+    import numpy as np
+
+    from smallinit.experiments.stats.paired import t_interval
+
+    summary = json.loads((CROSSOVER / "summary.json").read_text())
+    trajectories = [n for c in summary["claims"] if c["claim"] == record_claims.CONDENSATION
+                    for n in c["numbers"] if "peak_step" in n]
+    rise = {(n["gamma"] >= 0.85, n["seed"]): (n["peak"] - n["start"]) / n["start"] for n in trajectories}
+    seeds = sorted({s for small, s in rise if small} & {s for small, s in rise if not small})
+    mean, lo, hi = t_interval(np.array([rise[True, s] - rise[False, s] for s in seeds]))
+    row = _shown("crossover")[record_claims.CONDENSATION]
+    n = next(x for x in row["numbers"] if x.get("what", "").startswith("relative |cos| rise"))
+    assert (n["n"], round(n["lo"], 6), round(n["hi"], 6)) == (len(seeds), round(lo, 6), round(hi, 6))
+    every = all(t["pattern"] for t in trajectories if t["gamma"] >= 0.85)
+    assert row["verdict"] == ("supported" if every and lo > 0 else "inconclusive" if hi >= 0 else "contradicted")
 
 
 def test_the_tokens_claim_is_the_records_slope_and_its_holm_p():

@@ -115,7 +115,10 @@ def test_claims_table_has_every_claim_with_a_verdict_and_numbers(summary):
     assert claim(summary, "grows with width")["verdict"] == "not run"  # one width
     assert claim(summary, "update-to-stream")["verdict"] == "supported"  # deterministic, at init
     cond = claim(summary, "condenses")
-    assert len(cond["numbers"]) == 8  # one trajectory per trial
+    trajectories = [n for n in cond["numbers"] if "peak_step" in n]
+    assert len(trajectories) == 8  # one trajectory per trial
+    rise = [n for n in cond["numbers"] if n.get("what", "").startswith("relative |cos| rise")]
+    assert len(rise) == 1 and rise[0]["n"] == 2 and rise[0]["lo"] <= rise[0]["diff"] <= rise[0]["hi"]  # paired by seed
 
 
 def test_effective_size_says_what_is_missing_with_one_size(summary):

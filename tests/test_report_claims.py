@@ -137,3 +137,32 @@ def test_no_effective_size_when_a_larger_baseline_is_not_better(tmp_path):
     es = effective_size(load([d]), baseline_gamma=0.5, n_boot=20)
     assert es.status != "fit" and "does not fall with model size" in es.status and es.gains is None
     assert claims_mod.effective_size_claim(es, None).verdict == "inconclusive"
+
+
+def _trajectories(rises: dict[float, list[float]], pattern: bool = True) -> pd.DataFrame:
+    """One probe trajectory per (γ, seed): |cos| 0.067 at step 0 rising by the given fraction."""
+    rows = []
+    for gamma, per_seed in rises.items():
+        for i, rise in enumerate(per_seed, start=1):
+            rows.append(dict(identity=f"{gamma}-{i}", size="micro", variant=f"γ={gamma:g}", gamma=gamma, seed=f"{i}/{i}",
+                             start=0.067, peak=0.067 * (1 + rise), peak_step=1024, final=0.067 * (1 + rise / 2),
+                             rank_start=40.0, rank_min=13.0, rank_final=19.0, pattern=pattern,
+                             status="condense, expand" if pattern else "condense, plateau"))
+    return pd.DataFrame(rows)
+
+
+def test_condensation_is_supported_only_when_small_init_rises_more_beyond_the_seed_spread():
+    """'Small init condenses, then expands' held to the rule the other claims follow: every
+    small-init trial shows the pattern AND its rise beats γ < 1's paired by seed with an interval
+    that excludes 0 (before: the two arms' mean rises were compared with no interval)."""
+    from smallinit.experiments.claims.claims import condensation_claim
+
+    clear = condensation_claim(_trajectories({1.0: [2.26, 2.35, 2.38, 2.18], 0.5: [0.45, 0.46, 0.46, 0.44]}))
+    rise = clear.numbers[-1]
+    assert clear.verdict == "supported" and rise["n"] == 4 and rise["lo"] > 1.5
+    level = condensation_claim(_trajectories({1.0: [0.5, 0.3, 0.6, 0.4], 0.5: [0.45, 0.46, 0.35, 0.5]}))
+    assert level.verdict == "inconclusive" and level.excluded is not None and "over 4 seeds" in level.reason
+    alone = condensation_claim(_trajectories({1.0: [2.26, 2.35, 2.38]}))
+    assert alone.verdict == "inconclusive" and "no γ < 1 trial" in alone.reason
+    reversed_ = condensation_claim(_trajectories({1.0: [0.3, 0.31, 0.29, 0.3], 0.5: [2.2, 2.3, 2.1, 2.25]}))
+    assert reversed_.verdict == "contradicted" and "γ < 1 condenses more" in reversed_.reason
