@@ -25,3 +25,29 @@ def test_every_file_and_function_the_trace_names_exists():
         if not any(re.search(rf"^\s*(def|class) {re.escape(last)}\b", f.read_text(), re.M) for f in files):
             missing.append(f"{path} {name}")
     assert not missing, f"docs/trial_path.md names what the code no longer has: {missing}"
+
+
+def _stays() -> list[str]:
+    """The files of the trace in order, a short name (`space.py`) read as the path it named last,
+    consecutive mentions of one file one stay."""
+    text = DOC.read_text()
+    body = text[text.index("- Driver"):text.index("Why it returns")]
+    last: dict[str, str] = {}
+    stays: list[str] = []
+    for name in re.findall(r"`([\w/]+\.py)`", body):
+        path = name if "/" in name else last.get(name, name)
+        last[path.split("/")[-1]] = path
+        if not stays or stays[-1] != path:
+            stays.append(path)
+    return stays
+
+
+def test_the_counts_the_page_states_are_the_trace_it_lists():
+    """The page said 27 returns where its own list had 28: the counts are read off the list, and
+    every return is marked ↩ where it happens."""
+    stays = _stays()
+    returns = sum(f in stays[:i] for i, f in enumerate(stays))
+    stated = re.search(r"\((\d+) stays, (\d+) files, (\d+) returns", DOC.read_text())
+    assert stated and tuple(map(int, stated.groups())) == (len(stays), len(set(stays)), returns)
+    text = DOC.read_text()
+    assert text[text.index("- Driver"):text.index("Why it returns")].count("↩") == returns
