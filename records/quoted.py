@@ -52,16 +52,19 @@ def verdicts_in(text: str) -> set[str]:
     return found
 
 
-# A passage citing another record: `<!-- quotes: PATH -->...<!-- /quotes -->` (records/quoted.py checks it).
+# A number the generated section prints in e-notation (6.98e+05), which prose may write as a decimal.
 _SCIENTIFIC = re.compile(r"(?<![\w.])[+-]?\d+(?:\.\d+)?e[+-]?\d+")
 
 
-def _same_figures(written: str, value: float) -> bool:
-    """A decimal as prose writes it ("0.0000182", "698,000") is a shown value in e-notation
-    (1.82e-05, 6.98e+05) rounded to the significant figures written."""
-    digits = written.lstrip("+-").replace(",", "")
-    figures = len(digits.replace(".", "").lstrip("0").rstrip("0" if "." not in digits else "")) or 1
-    return value != 0 and float(f"{value:.{figures - 1}e}") == float(digits)
+def _same_number(written: str, shown: float) -> bool:
+    """A decimal as prose writes it ("698,000", "0.0000182") is a value the section prints in
+    e-notation (6.98e+05, 1.82e-05): the printed value is already rounded, so the two are equal;
+    a sign the prose writes must be the shown one's."""
+    value = float(written.replace(",", ""))
+    return value == shown or (written[0] not in "+-" and value == -shown)
+
+
+# A passage citing another record: `<!-- quotes: PATH -->...<!-- /quotes -->` (records/quoted.py checks it).
 QUOTES = re.compile(r"<!-- quotes: (\S+) -->(.*?)<!-- /quotes -->", re.S)
 
 
@@ -75,12 +78,12 @@ def stray(reading: str, generated: str) -> list[str]:
     shown = numbers_in(generated)
     fractions = [float(x.replace(",", "")) for x in shown]
     percents = re.findall(r"(?<![\w.])(\d+(?:\.\d+)?)%", prose.replace("−", "-"))
-    scientific = [abs(float(x)) for x in _SCIENTIFIC.findall(generated.replace("−", "-"))]
+    scientific = [float(x) for x in _SCIENTIFIC.findall(generated.replace("−", "-"))]
 
     def ok(n: str) -> bool:
         if n in shown or (n[0] not in "+-" and {f"+{n}", f"-{n}"} & shown):
             return True
-        if any(_same_figures(n, x) for x in scientific):  # 698,000 in prose for a shown 6.98e+05
+        if any(_same_number(n, x) for x in scientific):  # 698,000 in prose for a shown 6.98e+05
             return True
         if n.lstrip("+-") in percents:  # quoted as a percentage of a shown fraction
             k = len(n.split(".")[1]) if "." in n else 0

@@ -225,7 +225,10 @@ def main(argv: list[str] | None = None) -> int:
     summary = committed_record(a.summary)
     readings, note = widths_readings(a.crossover, a.widths) if a.crossover else (None, "")
     claims = judge(summary, readings, note)
-    command = " ".join(["python -m records.record_claims", *(argv if argv is not None else sys.argv[1:])])
+    # The command that rebuilds the record, as a reader would run it: without --overwrite, so a rerun
+    # over an edited claims.json is refused rather than silently replacing it.
+    given = argv if argv is not None else sys.argv[1:]
+    command = " ".join(["python -m records.record_claims", *(x for x in given if x != "--overwrite")])
     doc = dict(about=__doc__.split("\n\n")[0].replace("\n", " "), summary=a.summary.name,
                summary_sha256=file_sha256(a.summary), command=command, claims=claims, provenance=record())
     write_record(a.out, json.dumps(_clean(doc), indent=1, ensure_ascii=False) + "\n", "records.record_claims", a.overwrite)

@@ -146,7 +146,8 @@ def comparisons(sweeps: list[Sweep], shared: list[Sweep], seeds: list[int], base
     sweep and budget still waiting). The budgets read: those a cosine sweep trained (crossover_whole's
     rule: a per-budget WSD record's others are not asked), or with `every_budget` every budget any sweep holds."""
     out = []
-    waiting = [f"{s.name}: no complete confirm run yet" for s in [*sweeps, *shared] if s.runs.empty]
+    asked = [*sweeps, *(shared if "lead_shared_lr" in family else [])]
+    waiting = [f"{s.name}: no complete confirm run yet" for s in asked if s.runs.empty]
     budgets = sorted(set().union(*(set(s.runs["budget"]) for s in sweeps if every_budget or s.schedule == "cosine")))
     for budget in budgets:
         leads: dict[str, tuple[Sweep, object]] = {}
@@ -269,9 +270,9 @@ def markdown(rows: list[dict], waiting: list[str], command: str) -> str:
             f"a − b paired by seed (columns a and b: each side's mean loss, or for an interaction each side's mean "
             f"lead); Holm over the {len(rows)} comparisons below.\n\n")
     if waiting and rows:
-        text += ("**Interim**: comparisons of the family are still waiting (below), so the Holm p-values here are "
-                 "over fewer comparisons than the record's rule and no row is a verdict; read it again when "
-                 "nothing waits.\n\n")
+        text += ("**Interim**: comparisons of the family lack seeds (below), so the Holm p-values here are over "
+                 "fewer comparisons than the record's rule and no row is a verdict until every comparison it "
+                 "names has its seeds.\n\n")
     text += md_table(header, body) if body else "No budget has all its confirm seeds yet."
     if waiting:
         text += "\n\nWaiting: " + "; ".join(waiting) + "."

@@ -46,3 +46,4 @@ def test_a_reading_may_write_as_a_decimal_what_its_section_shows_in_e_notation()
     shown = "D* = 6.98e+05 tokens, p 1.82e-05"
     assert stray("D* = 698,000 tokens (p 0.0000182)", shown) == []
     assert stray("D* = 697,000 tokens", shown) == ["697,000"]
+    assert stray("D* = 700,000 or -698,000, p -0.0000182", shown) == ["-0.0000182", "-698,000", "700,000"]

@@ -161,7 +161,11 @@ def test_condensation_is_supported_only_when_small_init_rises_more_beyond_the_se
     rise = clear.numbers[-1]
     assert clear.verdict == "supported" and rise["n"] == 4 and rise["lo"] > 1.5
     level = condensation_claim(_trajectories({1.0: [0.5, 0.3, 0.6, 0.4], 0.5: [0.45, 0.46, 0.35, 0.5]}))
-    assert level.verdict == "inconclusive" and level.excluded is not None and "over 4 seeds" in level.reason
+    assert level.verdict == "inconclusive" and level.excluded is not None and "over 4 pairs" in level.reason
+    # One small-init variant that rises less than γ = 0.5 is not averaged away by another that rises more.
+    mixed = condensation_claim(_trajectories({1.0: [2.2, 2.3, 2.1, 2.2], 2.0: [0.2, 0.21, 0.19, 0.2],
+                                              0.5: [0.45, 0.46, 0.44, 0.45]}))
+    assert mixed.verdict == "contradicted" and "γ=2 − γ=0.5" in mixed.reason
     alone = condensation_claim(_trajectories({1.0: [2.26, 2.35, 2.38]}))
     assert alone.verdict == "inconclusive" and "no γ < 1 trial" in alone.reason
     reversed_ = condensation_claim(_trajectories({1.0: [0.3, 0.31, 0.29, 0.3], 0.5: [2.2, 2.3, 2.1, 2.25]}))

@@ -229,4 +229,4 @@ def test_the_header_states_the_scale_the_committed_summaries_hold(tmp_path):
         (tmp_path / "results" / name / "summary.json").write_text(json.dumps({"scale": {"wall_s": wall, "table": table}}))
     words = results_doc._scale_words(tmp_path)
     assert words["scale_params"] == "0.44M-20.8M" and words["scale_tokens"] == "163,840-960,000"
-    assert words["scale_cost"].startswith("the trials of the reports below trained for 4 trial-hours, about 2 hours")
+    assert words["scale_cost"] == "the trials of the reports below trained for 4 trial-hours in all"

@@ -177,3 +177,10 @@ def test_while_any_comparison_waits_no_row_is_a_verdict_and_an_arm_with_no_seeds
     assert "**Interim**" in markdown(rows, waiting, "python -m records.whole_runs done half")
     judge(rows)
     assert rows[0]["verdict"] == "recipe ahead"
+
+
+def test_a_shared_sweep_waits_only_where_the_family_reads_it():
+    done = _sweep("done", "cosine", {"baseline": 4.5, "small": 4.3}, {"baseline": 4e-3, "small": 2e-3}, noise=0.01)
+    empty = Sweep("shared", "cosine", done.runs.iloc[:0])
+    assert comparisons([done], [empty], SEEDS, "baseline", "small", family=("lead",))[1] == []
+    assert comparisons([done], [empty], SEEDS, "baseline", "small")[1] == ["shared: no complete confirm run yet"]

@@ -24,6 +24,7 @@ import pandas as pd
 from smallinit.experiments.data.load import Sweep
 from smallinit.experiments.stats.stats import (
     A_HIGHER,
+    ALPHA_ONE_SIDED,
     A_LOWER,
     CONTRADICTED,
     INCONCLUSIVE,
@@ -246,19 +247,19 @@ def condensation_claim(traj: pd.DataFrame) -> Claim:
     counts = small["status"].value_counts()
     seen = "; ".join(f"{v}/{n} {s}" for s, v in counts.items())
     rule = f"rule: |cos| rises > {CONDENSE_REL:.0%} above step 0, then falls back > {EXPAND_REL:.0%} of the rise"
-    rise = _rise_difference(small, std)
-    if rise is not None:
-        c.numbers.append(rise)
-        c.evidence.append(f"{rise['what']}: {rise['diff']:+.3f} [{rise['lo']:+.3f}, {rise['hi']:+.3f}] "
-                          f"(paired, n={rise['n']}), sign-flip p = {rise['p_signflip']:.3g}")
-    compared = f"rise under small init − under γ < 1: {_interval(rise)}"
+    rises = _rise_differences(small, std)
+    for r in rises:
+        c.numbers.append(r)
+        c.evidence.append(f"{r['what']}: {r['diff']:+.3f} [{r['lo']:+.3f}, {r['hi']:+.3f}] "
+                          f"(paired, n={r['n']}), sign-flip p = {r['p_signflip']:.3g}, Holm p against {r['p_holm']:.3g}")
+    compared = "; ".join(_interval(r) for r in rises) or "not measured"
     if small["seed"].nunique() < 2:
         c.verdict, c.reason = INCONCLUSIVE, f"one seed ({seen}; {rule})"
     elif counts.get("no condensation", 0) == n:
         c.verdict, c.reason = CONTRADICTED, f"no small-init trial condenses ({seen}; {rule})"
-    elif rise is not None and rise["hi"] < 0 and rise["p_holm"] <= 0.025:
+    elif any(r["hi"] < 0 and r["p_holm"] < ALPHA_ONE_SIDED for r in rises):
         c.verdict, c.reason = CONTRADICTED, f"γ < 1 condenses more ({compared}; {rule})"
-    elif k == n and rise is not None and rise["lo"] > 0:
+    elif k == n and rises and all(r["lo"] > 0 for r in rises):
         c.verdict, c.reason = SUPPORTED, (f"every small-init trial ({n}) condenses then expands, and its rise is larger "
                                           f"than γ < 1's beyond the seed spread ({compared}); {rule}")
     elif k == 0 and not counts.get("no condensation", 0):
@@ -268,31 +269,37 @@ def condensation_claim(traj: pd.DataFrame) -> Claim:
                                              f"budget: train longer (or probe more often) to see whether it comes; {rule}")
     else:
         why = (f"mixed: {seen}" if k < n else f"every small-init trial ({n}) condenses then expands") + "; " + (
-            compared if rise is not None else "no γ < 1 trial of the same size and seed to compare its rise with")
+            compared if rises else "no γ < 1 trial of the same size and seed to compare its rise with")
         c.verdict, c.reason = INCONCLUSIVE, f"{why}; {rule}"
-        c.excluded = max(abs(rise["lo"]), abs(rise["hi"])) if rise is not None and rise["lo"] <= 0 <= rise["hi"] else None
+        held = [r for r in rises if r["lo"] <= 0 <= r["hi"]]
+        c.excluded = max(max(abs(r["lo"]), abs(r["hi"])) for r in held) if held else None
     return c
 
 
-def _rise_difference(small: pd.DataFrame, std: pd.DataFrame) -> dict | None:
-    """How much more |cos| rises (relative to step 0) under small init than under γ < 1, paired by
-    (size, seed): the mean rise of the small-init trials of a pair minus that of its γ < 1 trials,
-    with its 95% t-interval and one-sided p's (the claim's one comparison: Holm leaves it as is).
-    None with fewer than 2 pairs."""
-    from smallinit.experiments.stats.paired import one_comparison, t_interval
+def _rise_differences(small: pd.DataFrame, std: pd.DataFrame) -> list[dict]:
+    """How much more |cos| rises (relative to step 0) under each small-init variant than under each
+    γ < 1 variant, paired by (size, seed), with its 95% t-interval and one-sided p's; Holm over
+    these comparisons (the claim's family) on the p against the claim. Pairs of fewer than 2 seeds
+    are left out. Each variant apart, so one small-init variant that rises less is not averaged away."""
+    from smallinit.experiments.stats.paired import holm, one_comparison, t_interval
 
-    a, b = (g.groupby(["size", "seed"])["rise"].mean() for g in (small, std))
-    both = a.index.intersection(b.index)
-    if len(both) < 2:
-        return None
-    d = (a[both] - b[both]).to_numpy(float)
-    mean, lo, hi = t_interval(d)
-    return dict(what="relative |cos| rise, small init − γ < 1", paired=True, n=len(d), diff=mean, lo=lo, hi=hi,
-                diffs=[float(x) for x in d], **one_comparison(d, "greater"))
+    out = []
+    for (va, a), (vb, b) in ((x, y) for x in small.groupby("variant") for y in std.groupby("variant")):
+        ra, rb = (g.dropna(subset=["rise"]).groupby(["size", "seed"])["rise"].mean() for g in (a, b))
+        both = ra.index.intersection(rb.index)
+        if len(both) < 2:
+            continue
+        d = (ra[both] - rb[both]).to_numpy(float)
+        mean, lo, hi = t_interval(d)
+        out.append(dict(what=f"relative |cos| rise, {va} − {vb}", paired=True, n=len(d), diff=mean, lo=lo, hi=hi,
+                        diffs=[float(x) for x in d], **one_comparison(d, "greater")))
+    for r, adjusted in zip(out, holm([r["p_against"] for r in out])):
+        r["p_holm"] = adjusted
+    return out
 
 
-def _interval(rise: dict | None) -> str:
-    return "not measured" if rise is None else f"{rise['diff']:+.3f} [{rise['lo']:+.3f}, {rise['hi']:+.3f}] over {rise['n']} seeds"
+def _interval(r: dict) -> str:
+    return f"{r['what']}: {r['diff']:+.3f} [{r['lo']:+.3f}, {r['hi']:+.3f}] over {r['n']} pairs"
 
 
 def effective_size_claim(es, recipe: str | None) -> Claim:
