@@ -378,7 +378,7 @@ def machine_lines(df: pd.DataFrame) -> list[str]:
     per_trial = df.groupby("trial_identity")["cpu"].agg(lambda c: tuple(sorted(set(c))))
     for cpus, trials in per_trial.value_counts().sort_index().items():
         # A trial whose branches name two CPUs (or one and none: written before results named it)
-        # is counted once, under both, so the lines add up to the trials.
+        # is counted once, on a line naming both, so the lines add up to the trials.
         lines.append(f"- {' and '.join(cpus)}: {trials} trial(s)")
     confirm = df[df["role"] == "confirm"]
     if not confirm.empty:
