@@ -118,7 +118,10 @@ def test_claims_table_has_every_claim_with_a_verdict_and_numbers(summary):
     trajectories = [n for n in cond["numbers"] if "peak_step" in n]
     assert len(trajectories) == 8  # one trajectory per trial
     rise = [n for n in cond["numbers"] if n.get("what", "").startswith("relative |cos| rise")]
-    assert len(rise) == 1 and rise[0]["n"] == 2 and rise[0]["lo"] <= rise[0]["diff"] <= rise[0]["hi"]  # paired by seed
+    # γ = 1 against γ = 0.5 at each eps (γ alone differs), paired by seed
+    assert [r["what"] for r in rise] == ["relative |cos| rise, γ=1 | eps=1e-12 − γ=0.5 | eps=1e-12",
+                                         "relative |cos| rise, γ=1 | eps=1e-5 − γ=0.5 | eps=1e-5"]
+    assert all(r["n"] == 2 and r["lo"] <= r["diff"] <= r["hi"] for r in rise)
 
 
 def test_effective_size_says_what_is_missing_with_one_size(summary):

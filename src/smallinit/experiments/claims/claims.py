@@ -280,11 +280,21 @@ def _rise_differences(small: pd.DataFrame, std: pd.DataFrame) -> list[dict]:
     """How much more |cos| rises (relative to step 0) under each small-init variant than under each
     γ < 1 variant, paired by (size, seed), with its 95% t-interval and one-sided p's; Holm over
     these comparisons (the claim's family) on the p against the claim. Pairs of fewer than 2 seeds
-    are left out. Each variant apart, so one small-init variant that rises less is not averaged away."""
+    are left out. Each variant apart, so one small-init variant that rises less is not averaged away;
+    a small-init variant is set against the γ < 1 variants of its own other settings (eps, gate)
+    where the sweep has them (γ alone differs), else against every γ < 1 variant (a recipe against
+    a baseline that differs in more than γ)."""
     from smallinit.experiments.stats.paired import holm, one_comparison, t_interval
 
+    def settings(variant: str) -> str:  # "γ=1 | eps=1e-12, gate=none" -> "eps=1e-12, gate=none"
+        return variant.split(" | ", 1)[1] if " | " in variant else ""
+
+    pairs = []
+    for va, a in small.groupby("variant"):
+        mine = [(vb, b) for vb, b in std.groupby("variant") if settings(vb) == settings(va)]
+        pairs += [((va, a), y) for y in (mine or list(std.groupby("variant")))]
     out = []
-    for (va, a), (vb, b) in ((x, y) for x in small.groupby("variant") for y in std.groupby("variant")):
+    for (va, a), (vb, b) in pairs:
         ra, rb = (g.dropna(subset=["rise"]).groupby(["size", "seed"])["rise"].mean() for g in (a, b))
         both = ra.index.intersection(rb.index)
         if len(both) < 2:
